@@ -1,0 +1,209 @@
+"""One queue, one engine thread: batches by padded tokens and rows, never waits for company.
+
+Every entry taken into a batch gets its rows or the batch's error; if the thread stops, every
+entry still queued is failed, so no caller can wait forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from infinity.errors import BackendError, InfinityError, NotReady, Overloaded
+from infinity.tokenization import Encoded
+
+log = logging.getLogger("infinity.batcher")
+
+Step = Callable[[list[Encoded]], np.ndarray]
+
+
+@dataclass
+class Outcome:
+    rows: np.ndarray
+    queue_s: float
+    inference_s: float
+    batch_size: int
+    batch_tokens: int
+
+
+@dataclass
+class BatchReport:
+    size: int
+    tokens: int
+    seconds: float
+    error: InfinityError | None = None
+
+
+@dataclass(eq=False)
+class _Entry:
+    items: list[Encoded]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Outcome]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def longest(self) -> int:
+        return max(len(item) for item in self.items)
+
+
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome | None, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(outcome)  # type: ignore[arg-type]
+
+
+def _deliver(entry: _Entry, outcome: Outcome | None = None, error: BaseException | None = None) -> None:
+    try:
+        entry.loop.call_soon_threadsafe(_settle, entry.future, outcome, error)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+class Batcher:
+    def __init__(self, step: Step, max_batch_tokens: int, max_batch_size: int, max_queue: int,
+                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+        self.step = step
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.on_batch = on_batch
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._running: list[_Entry] = []
+        self._cond = threading.Condition()
+        self._accepting = True
+        self._stop = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="infinity-engine", daemon=True)
+        self._thread.start()
+
+    async def submit(self, items: list[Encoded], admit_always: bool = False) -> Outcome:
+        """Queue one request's rows and wait for them; cancelling the caller drops the entry if still queued."""
+        if not items:
+            raise ValueError("nothing to run")
+        loop = asyncio.get_running_loop()
+        entry = _Entry(items, loop, loop.create_future())
+        with self._cond:
+            if self._stopped and not self._stop:
+                raise BackendError("the engine thread stopped")
+            if not self._accepting or self._stopped:
+                raise NotReady("the server is shutting down")
+            if self._thread is None:
+                raise NotReady("the engine has not started")
+            if not admit_always and len(self._queue) >= self.max_queue:
+                raise Overloaded(f"{len(self._queue)} requests are already waiting; retry later")
+            self._queue.append(entry)
+            self._cond.notify()
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            with self._cond:
+                if entry in self._queue:
+                    self._queue.remove(entry)
+            raise
+
+    async def close(self, timeout: float) -> None:
+        """Refuse new work, let queued work finish (up to timeout), then stop the thread."""
+        with self._cond:
+            self._accepting = False
+        deadline = time.monotonic() + timeout
+        while (self._queue or self._running) and self.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5.0)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._execute(batch)
+        except BaseException:
+            log.exception("the engine thread stopped")
+            raise
+        finally:
+            with self._cond:
+                self._stopped = True
+                waiting = list(self._queue) + self._running
+                self._queue.clear()
+                self._running = []
+            error: InfinityError = NotReady("the server shut down before this request ran") if self._stop \
+                else BackendError("the engine thread stopped")
+            for entry in waiting:
+                _deliver(entry, error=error)
+
+    def _next_batch(self) -> list[_Entry] | None:
+        with self._cond:
+            while not self._queue and not self._stop:
+                self._cond.wait()
+            if self._stop:
+                return None
+            batch: list[_Entry] = []
+            rows = longest = 0
+            while self._queue:
+                entry = self._queue[0]
+                grown_rows, grown_longest = rows + len(entry.items), max(longest, entry.longest)
+                if batch and (grown_rows > self.max_batch_size or grown_rows * grown_longest > self.max_batch_tokens):
+                    break
+                batch.append(self._queue.popleft())
+                rows, longest = grown_rows, grown_longest
+            self._running = batch
+            return batch
+
+    def _execute(self, batch: list[_Entry]) -> None:
+        items = [item for entry in batch for item in entry.items]
+        padded = len(items) * max(len(item) for item in items)
+        started = time.perf_counter()
+        try:
+            rows = self.step(items)
+            if len(rows) != len(items):
+                raise BackendError(f"the model returned {len(rows)} rows for {len(items)} inputs")
+        except BaseException as exc:
+            error = exc if isinstance(exc, InfinityError) else BackendError(f"inference failed: {exc}")
+            log.error("batch of %d failed: %s", len(items), error)
+            for entry in batch:
+                _deliver(entry, error=error)
+            self._running = []
+            self._report(BatchReport(len(items), padded, time.perf_counter() - started, error))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        seconds = time.perf_counter() - started
+        offset = 0
+        for entry in batch:
+            count = len(entry.items)
+            _deliver(entry, Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded))
+            offset += count
+        self._running = []
+        self._report(BatchReport(len(items), padded, seconds))
+
+    def _report(self, report: BatchReport) -> None:
+        if self.on_batch is None:
+            return
+        try:
+            self.on_batch(report)
+        except Exception:  # a broken observer must not stop the engine
+            log.exception("batch observer failed")

@@ -1,0 +1,39 @@
+"""One onnxruntime session for one artifact."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from infinity.manifest import Manifest
+from infinity.tokenization import Batch
+
+
+class EngineError(RuntimeError):
+    """The model failed to run a batch."""
+
+
+class Engine:
+    def __init__(self, directory: Path | str, manifest: Manifest, threads: int | None = None,
+                 providers: list[str] | None = None) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        providers = providers or manifest.target.providers
+        provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
+        self.session = ort.InferenceSession(str(Path(directory) / manifest.model.file), options,
+                                            providers=providers, provider_options=provider_options)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_name = self.session.get_outputs()[0].name
+
+    def run(self, batch: Batch) -> np.ndarray:
+        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                 "token_type_ids": batch.token_type_ids}
+        try:
+            return self.session.run([self.output_name], {name: feeds[name] for name in self.input_names})[0]
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise EngineError(f"inference failed: {exc}") from exc

@@ -1,0 +1,65 @@
+"""What this host offers: CPU flags, physical cores, execution providers."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def physical_cores() -> int:
+    """Physical cores usable by this process (cgroup quota and affinity respected)."""
+    try:
+        import psutil  # optional: better physical-core count when installed
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        cores = _physical_from_cpuinfo() or os.cpu_count() or 1
+    cores = min(cores, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores)
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return max(1, cores)
+
+
+def _physical_from_cpuinfo() -> int | None:
+    pairs = set()
+    physical, core = None, None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("physical id"):
+                    physical = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                elif not line.strip() and core is not None:
+                    pairs.add((physical, core))
+                    physical, core = None, None
+    except OSError:
+        return None
+    return len(pairs) or None
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="utf-8") as handle:
+            quota, period = handle.read().split()
+        if quota != "max":
+            return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def missing_cpu_flags(required: list[str]) -> list[str]:
+    flags = cpu_flags()
+    return [flag for flag in required if flag not in flags]

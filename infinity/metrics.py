@@ -1,0 +1,83 @@
+"""Prometheus text exposition, by hand: histograms per stage, batch shape, queue depth, failures."""
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Callable
+
+SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class Histogram:
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help, buckets
+        self._counts = [0] * (len(buckets) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(self.buckets, value)] += 1
+            self._sum += value
+
+    def render(self) -> list[str]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, counts):
+            cumulative += count
+            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {cumulative}')
+        cumulative += counts[-1]
+        lines += [f'{self.name}_bucket{{le="+Inf"}} {cumulative}', f"{self.name}_sum {total!r}",
+                  f"{self.name}_count {cumulative}"]
+        return lines
+
+
+class Counter:
+    def __init__(self, name: str, help: str, label: str) -> None:
+        self.name, self.help, self.label = name, help, label
+        self._values: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, label_value: str) -> None:
+        with self._lock:
+            self._values[label_value] = self._values.get(label_value, 0) + 1
+
+    def render(self) -> list[str]:
+        with self._lock:
+            values = sorted(self._values.items())
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        return lines + [f'{self.name}{{{self.label}="{key}"}} {value}' for key, value in values]
+
+
+class Gauge:
+    def __init__(self, name: str, help: str, read: Callable[[], float]) -> None:
+        self.name, self.help, self.read = name, help, read
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge", f"{self.name} {_number(self.read())}"]
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], float]) -> None:
+        self.request = Histogram("infinity_request_duration_seconds", "Time from body received to response ready.", SECONDS)
+        self.tokenization = Histogram("infinity_tokenization_duration_seconds", "Tokenization time per request.", SECONDS)
+        self.queue = Histogram("infinity_queue_duration_seconds", "Time a request waited for its batch.", SECONDS)
+        self.inference = Histogram("infinity_inference_duration_seconds", "Model time per batch.", SECONDS)
+        self.batch_size = Histogram("infinity_batch_size", "Rows per batch.", ROWS)
+        self.batch_tokens = Histogram("infinity_batch_tokens", "Padded tokens (rows x longest) per batch.", TOKENS)
+        self.requests = Counter("infinity_requests_total", "Predict requests by HTTP status.", "status")
+        self.failures = Counter("infinity_failures_total", "Failed requests by error type.", "error_type")
+        self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", queue_depth)
+
+    def render(self) -> str:
+        parts = (self.request, self.tokenization, self.queue, self.inference, self.batch_size, self.batch_tokens,
+                 self.requests, self.failures, self.depth)
+        return "\n".join(line for part in parts for line in part.render()) + "\n"

@@ -1,0 +1,48 @@
+"""A loaded artifact: manifest, tokenizer, engine and task, plus the in-process pipeline."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity.engine import Engine
+from infinity.manifest import Manifest, verify_checksums
+from infinity.tasks import Request, Task, make_task
+from infinity.tokenization import Encoded, TextTokenizer, pad_batch
+
+
+@dataclass
+class LoadedModel:
+    directory: Path
+    manifest: Manifest
+    tokenizer: TextTokenizer
+    engine: Engine
+    task: Task
+
+    @classmethod
+    def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
+             verify: bool = True) -> "LoadedModel":
+        directory = Path(directory)
+        manifest = Manifest.load(directory)
+        if verify:
+            verify_checksums(directory, manifest)
+        tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
+                                  manifest.tokenizer.pad_id)
+        engine = Engine(directory, manifest, threads=threads, providers=providers)
+        return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))
+
+    def encode(self, request: Request) -> list[Encoded]:
+        return self.tokenizer.encode(request.texts, truncate=request.truncate)
+
+    def forward(self, encoded: list[Encoded]) -> np.ndarray:
+        """Engine + batch-level reduction over one padded batch."""
+        batch = pad_batch(encoded, self.tokenizer.pad_id)
+        return self.task.reduce(self.engine.run(batch), batch.attention_mask)
+
+    def predict(self, inputs: Any, parameters: dict[str, Any] | None = None) -> Any:
+        """The whole pipeline in-process, one request as one batch."""
+        request = self.task.parse(inputs, parameters or {})
+        encoded = self.encode(request)
+        return self.task.respond(self.forward(encoded), request, encoded)

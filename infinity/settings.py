@@ -1,0 +1,42 @@
+"""How the server runs (never what the model is: that lives in the artifact's manifest)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    threads: int | None = None  # ONNX Runtime intra-op threads; None: physical cores
+    max_batch_tokens: int = 16384  # padded tokens (rows x longest) per batch
+    max_batch_size: int = 32  # rows per batch
+    max_queue: int = 128  # requests waiting for the engine
+    max_inputs_per_request: int = 32
+    max_payload_bytes: int = 1_000_000
+    tokenizer_workers: int = 2
+    drain_timeout: float = 30.0
+    retry_after: int = 1
+    allow_cpu_mismatch: bool = False
+    allow_failed_parity: bool = False
+    log_level: str = "info"
+    access_log: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
+                     "max_payload_bytes", "tokenizer_workers", "retry_after"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be between 0 and 65535")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be at least 1")
+        if self.drain_timeout < 0:
+            raise ValueError("drain_timeout must not be negative")
+        if self.max_inputs_per_request > self.max_batch_size:
+            # a request is never split across batches
+            raise ValueError("max_inputs_per_request must not exceed max_batch_size")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from infinity.manifest import Manifest
+from infinity.tasks.base import Request, Task
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.ranking import Ranking
+from infinity.tasks.sequence_classification import SequenceClassification
+from infinity.tasks.token_classification import TokenClassification
+
+TASK_CLASSES: dict[str, type[Task]] = {
+    cls.name: cls for cls in (FeatureExtraction, SequenceClassification, TokenClassification, Ranking)
+}
+
+
+def make_task(manifest: Manifest, directory: Path | None = None) -> Task:
+    return TASK_CLASSES[manifest.source.task](manifest, directory)
+
+
+__all__ = ["Request", "Task", "make_task", "TASK_CLASSES"]

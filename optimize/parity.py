@@ -1,0 +1,100 @@
+"""Task-level agreement between a reference and a candidate, against thresholds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from optimize.reference import Outputs
+
+# metric -> (threshold, "min" means the metric must be at least the threshold)
+THRESHOLDS: dict[str, dict[str, float]] = {
+    "feature-extraction": {"cosine_min": 0.99},
+    "sequence-classification": {"top1_agreement": 0.99},
+    "token-classification": {"label_agreement": 0.99},
+    "ranking": {"spearman_mean": 0.95, "top1_agreement": 0.99},
+}
+
+
+@dataclass
+class ParityResult:
+    metrics: dict[str, float]
+    thresholds: dict[str, float]
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def score(self) -> float:
+        """How far inside (>0) or outside (<0) the tightest threshold is; drives the fallback search."""
+        return min(self.metrics[name] - bound for name, bound in self.thresholds.items())
+
+
+def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int] | None = None,
+            thresholds: dict[str, float] | None = None) -> ParityResult:
+    thresholds = dict(THRESHOLDS[task] if thresholds is None else thresholds)
+    if task == "feature-extraction":
+        metrics = _embeddings(reference, candidate)
+    elif task == "sequence-classification":
+        metrics = _classification(reference, candidate)
+    elif task == "token-classification":
+        metrics = _tokens(reference, candidate)
+    else:
+        metrics = _ranking(reference, candidate, groups or [len(reference)])
+    failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in thresholds.items()
+                if not metrics[name] >= bound]
+    return ParityResult(metrics, thresholds, failures)
+
+
+def _embeddings(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    a, b = np.stack(reference).astype(np.float64), np.stack(candidate).astype(np.float64)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
+            "max_abs_diff": float(np.abs(a / np.linalg.norm(a, axis=1, keepdims=True)
+                                         - b / np.linalg.norm(b, axis=1, keepdims=True)).max())}
+
+
+def _classification(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    a, b = np.stack(reference), np.stack(candidate)
+    return {"top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+            "max_prob_diff": float(np.abs(a - b).max())}
+
+
+def _tokens(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    agree, total, diff, mismatched = 0, 0, 0.0, 0
+    for a, b in zip(reference, candidate):
+        if a.shape != b.shape:
+            mismatched += 1
+            continue
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += a.shape[0]
+        diff = max(diff, float(np.abs(_softmax(a) - _softmax(b)).max()))
+    agreement = agree / total if total and not mismatched else 0.0
+    return {"label_agreement": agreement, "max_prob_diff": diff, "tokenization_mismatches": float(mismatched)}
+
+
+def _ranking(reference: Outputs, candidate: Outputs, groups: list[int]) -> dict[str, float]:
+    a, b = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+    rhos, top1, start = [], [], 0
+    for size in groups:
+        x, y = a[start:start + size], b[start:start + size]
+        rhos.append(_spearman(x, y))
+        top1.append(float(x.argmax() == y.argmax()))
+        start += size
+    return {"spearman_mean": float(np.mean(rhos)), "spearman_min": float(np.min(rhos)),
+            "top1_agreement": float(np.mean(top1)), "max_score_diff": float(np.abs(a - b).max())}
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    if len(x) < 2:
+        return 1.0
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float((rx * ry).sum() / np.sqrt((rx ** 2).sum() * (ry ** 2).sum()))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)

@@ -1,0 +1,192 @@
+"""The optimizer's stages: export -> fuse -> quantize -> validate -> package."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from infinity.hostinfo import cpu_flags
+from infinity.manifest import (Manifest, Optimization, Parity, Source, Target, TokenizerFile, sha256_file,
+                               write_atomically)
+from infinity.tokenization import TextTokenizer
+from optimize import package
+from optimize.export import export_onnx
+from optimize.fuse import fuse
+from optimize.parity import ParityResult, compare
+from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
+from optimize.quantize import accuracy_aware_quantize
+from optimize.reference import OnnxRunner, probe_inputs, torch_reference
+from optimize.source import load_source
+
+Log = Callable[[str], None]
+
+
+class ParityFailed(RuntimeError):
+    def __init__(self, result: ParityResult, report: str) -> None:
+        super().__init__(report)
+        self.result = result
+
+
+@dataclass
+class OptimizeOptions:
+    model: str
+    task: str
+    out: Path
+    target: str = "auto"
+    precision: str | None = None
+    allow_failed_parity: bool = False
+    threads: int = 0
+
+
+class Stages:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.log(f"[{name}] ...")
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 2)
+        self.log(f"[{name}] done in {self.seconds[name]:.1f}s")
+
+
+def optimize(options: OptimizeOptions, log: Log = print) -> Manifest:
+    preset = resolve_target(options.target)
+    precision = options.precision or preset.default_precision
+    if precision not in preset.precisions:
+        raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
+    stages = Stages(log)
+    out = Path(options.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o755)  # readable by the unprivileged user the server runs as
+    work = Path(tempfile.mkdtemp(prefix="multiverse-"))
+    try:
+        manifest = _run(options, preset, precision, stages, staging, work, log)
+        write_atomically(staging, out)
+        return manifest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages: Stages, staging: Path,
+         work: Path, log: Log) -> Manifest:
+    log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
+    with stages.stage("load"):
+        source = load_source(options.model, options.task)
+        source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
+        source.tokenizer.save_pretrained(str(work / "tokenizer"))
+        extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
+                 if (work / "tokenizer" / name).is_file()]
+        for name in extra:
+            shutil.copy(work / "tokenizer" / name, staging / name)
+    exported, fused, final = work / "exported.onnx", work / "fused.onnx", staging / "model.onnx"
+    with stages.stage("export"):
+        input_names, _ = export_onnx(source, exported)
+    with stages.stage("fuse"):
+        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu)
+        log(f"  fused: {fusion.stats or 'nothing'}" + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+
+    inputs = probe_inputs(options.task)
+    groups = _groups(inputs) if options.task == "ranking" else None
+    with stages.stage("reference"):
+        reference = torch_reference(source, inputs)
+    tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
+    runner = OnnxRunner(tokenizer, options.task, source.facts, options.threads)
+
+    def evaluate(path: Path) -> ParityResult:
+        return compare(options.task, reference, runner.run(path, inputs), groups)
+
+    quantization, kept_float, notes = None, [], list(fusion.gaps)
+    with stages.stage("quantize"):
+        if precision == "int8":
+            assert preset.quantization is not None
+            result = accuracy_aware_quantize(fused, final, preset.quantization, evaluate, work, log)
+            kept_float = result.kept_float
+            quantization = {**preset.quantization.to_dict(), "mode": "dynamic", "candidates": result.candidates,
+                            "kept_float": len(kept_float), "trials": result.trials,
+                            "full_int8_metrics": result.full_int8}
+            if kept_float:
+                notes.append(f"{len(kept_float)} of {result.candidates} quantizable nodes kept in float for parity")
+        elif precision == "fp16":
+            _to_fp16(fused, final)
+            notes.append("FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); "
+                         "fp16 arithmetic itself runs only on the GPU")
+        else:
+            shutil.copy(fused, final)
+            log("  float model: no quantization")
+    with stages.stage("validate"):
+        parity = evaluate(final)
+        log("  " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
+    if not parity.passed:
+        report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
+        if not options.allow_failed_parity:
+            raise ParityFailed(parity, report)
+        log(report + "\n  (kept because --allow-failed-parity was given; the manifest records passed=false)")
+
+    with stages.stage("package"):
+        provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
+        if "TensorrtExecutionProvider" in provider_options:
+            provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
+        manifest = Manifest(
+            source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
+                          model_type=source.model_type, library_versions=package.library_versions()),
+            target=Target(name=preset.name, providers=list(preset.providers),
+                          required_cpu_flags=list(preset.required_cpu_flags), provider_options=provider_options),
+            model=package.describe_model(final, precision),
+            tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
+                                    max_length=source.max_length, pad_id=tokenizer.pad_id, extra_files=extra),
+            task=source.facts,
+            optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
+                                      kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
+                                      exported_bytes=exported.stat().st_size),
+            parity=Parity(reference=_reference_name(source), probe_size=len(inputs), metrics=parity.metrics,
+                          thresholds=parity.thresholds, passed=parity.passed, failures=parity.failures,
+                          host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
+                          overridden=not parity.passed),
+            created_at=package.now(),
+        )
+        manifest.save(staging)
+    return manifest
+
+
+def _to_fp16(src: Path, dst: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(src)))
+    model.convert_float_to_float16(keep_io_types=True)
+    model.save_model_to_file(str(dst))
+
+
+def _groups(inputs: list) -> list[int]:
+    sizes: list[int] = []
+    previous = None
+    for query, _ in inputs:
+        if query == previous:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+        previous = query
+    return sizes
+
+
+def _reference_name(source) -> str:
+    if source.task == "feature-extraction" and source.sentence_transformers:
+        return "sentence-transformers SentenceTransformer, PyTorch FP32"
+    if source.task == "ranking":
+        return "sentence-transformers CrossEncoder, PyTorch FP32"
+    return "transformers, PyTorch FP32"
+
+
+def _revision(path: Path) -> str | None:
+    # A hub snapshot directory is named after its commit.
+    return path.name if path.parent.name == "snapshots" else None
+

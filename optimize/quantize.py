@@ -1,0 +1,81 @@
+"""Dynamic INT8 quantization that keeps the fewest harmful nodes in float until parity passes."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from optimize.parity import ParityResult
+from optimize.presets import QuantizationConfig
+
+Evaluate = Callable[[Path], ParityResult]
+
+
+@dataclass
+class QuantizationResult:
+    candidates: int
+    kept_float: list[str] = field(default_factory=list)
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    trials: int = 0
+    full_int8: dict[str, float] = field(default_factory=dict)
+
+
+def quantizable_nodes(model_path: Path, config: QuantizationConfig) -> list[str]:
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    return [n.name for n in graph.node if n.op_type in config.op_types and any(i in weights for i in n.input[1:])]
+
+
+def quantize(src: Path, dst: Path, config: QuantizationConfig, include: list[str] | None = None,
+             exclude: list[str] | None = None) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # silence pre-processing advice
+    quantize_dynamic(src, dst, per_channel=config.per_channel, reduce_range=config.reduce_range,
+                     weight_type=getattr(QuantType, config.weight_type), op_types_to_quantize=list(config.op_types),
+                     nodes_to_quantize=include, nodes_to_exclude=exclude,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, evaluate: Evaluate,
+                            scratch: Path, log: Callable[[str], None] = print) -> QuantizationResult:
+    nodes = quantizable_nodes(src, config)
+    if not nodes:
+        raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
+    result = QuantizationResult(candidates=len(nodes))
+    quantize(src, dst, config)
+    full = evaluate(dst)
+    result.trials += 1
+    result.full_int8 = full.metrics
+    if full.passed:
+        return result
+    log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes")
+    trial = scratch / "trial.onnx"
+    for node in nodes:
+        quantize(src, trial, config, include=[node])
+        result.sensitivity[node] = evaluate(trial).score
+        result.trials += 1
+    order = sorted(nodes, key=lambda n: result.sensitivity[n])
+
+    def passes(k: int) -> bool:
+        quantize(src, trial, config, exclude=order[:k])
+        result.trials += 1
+        return evaluate(trial).passed
+
+    # Smallest k (most harmful first) that passes: doubling, then bisection between the last two probes.
+    low, high = 0, 1
+    while high < len(nodes) and not passes(high):
+        low, high = high, min(2 * high, len(nodes))
+    while high - low > 1:
+        mid = (low + high) // 2
+        if passes(mid):
+            high = mid
+        else:
+            low = mid
+    result.kept_float = order[:high]
+    quantize(src, dst, config, exclude=result.kept_float)
+    log(f"  kept {high} of {len(nodes)} nodes in float after {result.trials} trials")
+    return result

@@ -1,0 +1,95 @@
+"""Task-level outputs of the original model (PyTorch FP32) and of an ONNX graph, on the same probes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity.tasks.base import activate
+from infinity.tasks.feature_extraction import pool
+from infinity.tokenization import TextInput, TextTokenizer, pad_batch
+from optimize.source import SourceModel
+
+Outputs = list[np.ndarray]  # one array per probe: a vector, a probability row, a token x label matrix, a score
+
+
+def probe_inputs(task: str) -> list[TextInput]:
+    from optimize.probes import PAIRS, SINGLES
+
+    if task == "ranking":
+        return list(PAIRS)
+    if task == "sequence-classification":
+        return [*SINGLES, *PAIRS]
+    return list(SINGLES)
+
+
+def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
+    import torch
+
+    if source.task == "feature-extraction" and source.sentence_transformers:
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer(str(source.path), device="cpu")
+        return list(model.encode(inputs, batch_size=8, convert_to_numpy=True))
+    if source.task == "ranking":
+        from sentence_transformers import CrossEncoder
+        model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length)
+        return list(np.asarray(model.predict(inputs, batch_size=8), dtype=np.float32).reshape(-1))
+
+    from optimize.export import load_torch_model
+    model = load_torch_model(source)
+    results: Outputs = []
+    for start in range(0, len(inputs), 8):
+        chunk = inputs[start:start + 8]
+        firsts = [t[0] if isinstance(t, tuple) else t for t in chunk]
+        seconds = [t[1] for t in chunk] if isinstance(chunk[0], tuple) else None
+        enc = source.tokenizer(firsts, seconds, padding=True, truncation=True, max_length=source.max_length,
+                               return_tensors="pt")
+        with torch.no_grad():
+            out = model(**enc)
+        mask = enc["attention_mask"].numpy()
+        if source.task == "feature-extraction":
+            results.extend(pool(out.last_hidden_state.numpy(), mask, source.facts.pooling or "mean"))
+        elif source.task == "sequence-classification":
+            results.extend(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
+        else:
+            logits = out.logits.numpy()
+            results.extend(logits[row, : int(mask[row].sum())] for row in range(len(chunk)))
+    return results
+
+
+class OnnxRunner:
+    """Runs a graph the way the server will: its tokenizer.json, padded batches of 8, its reductions."""
+
+    def __init__(self, tokenizer: TextTokenizer, task: str, facts: Any, threads: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.task = task
+        self.facts = facts
+        self.threads = threads
+
+    def session(self, model_path: Path) -> Any:
+        import onnxruntime as ort
+        options = ort.SessionOptions()
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+    def run(self, model_path: Path, inputs: list[TextInput]) -> Outputs:
+        session = self.session(model_path)
+        names = [i.name for i in session.get_inputs()]
+        results: Outputs = []
+        for start in range(0, len(inputs), 8):
+            encoded = self.tokenizer.encode(inputs[start:start + 8])
+            batch = pad_batch(encoded, self.tokenizer.pad_id)
+            feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                     "token_type_ids": batch.token_type_ids}
+            out = session.run(None, {n: feeds[n] for n in names})[0].astype(np.float32)
+            if self.task == "feature-extraction":
+                results.extend(pool(out, batch.attention_mask, self.facts.pooling or "mean"))
+            elif self.task == "sequence-classification":
+                results.extend(activate(out, self.facts.score_activation or "softmax"))
+            elif self.task == "ranking":
+                results.extend(activate(out[:, 0], "sigmoid"))
+            else:
+                results.extend(out[row, : len(item)] for row, item in enumerate(encoded))
+        return results
