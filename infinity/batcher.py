@@ -141,9 +141,8 @@ class Batcher:
                 if batch is None:
                     return
                 self._execute(batch)
-        except BaseException:
+        except BaseException:  # the thread ends here; the finally below answers everyone still waiting
             log.exception("the engine thread stopped")
-            raise
         finally:
             with self._cond:
                 self._stopped = True
@@ -182,7 +181,7 @@ class Batcher:
             if len(rows) != len(items):
                 raise BackendError(f"the model returned {len(rows)} rows for {len(items)} inputs")
         except BaseException as exc:
-            error = exc if isinstance(exc, InfinityError) else BackendError(f"inference failed: {exc}")
+            error = exc if isinstance(exc, InfinityError) else BackendError(str(exc) or repr(exc))
             log.error("batch of %d failed: %s", len(items), error)
             for entry in batch:
                 _deliver(entry, error=error)

@@ -66,8 +66,12 @@ class Service:
         self._probe_lock = asyncio.Lock()
 
     async def start(self) -> None:
+        """Start the engine thread and warm it up; a failed warm-up leaves the service unhealthy, not dead."""
         self.batcher.start()
-        await self.probe()
+        try:
+            await self.probe()
+        except Exception as exc:
+            log.error("warm-up failed: %s", exc)
         self.warm = True
 
     async def close(self) -> None:

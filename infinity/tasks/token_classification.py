@@ -177,7 +177,7 @@ class TokenClassification(Task):
 
     def respond(self, rows: np.ndarray, request: Request, encoded: list[Encoded]) -> Any:
         labels = {i: self.labels.get(i, f"LABEL_{i}") for i in range(rows.shape[-1])}
-        results = [entities_for(str(text), probs, enc, labels, request.params["aggregation_strategy"],
+        results = [entities_for(text, probs, enc, labels, request.params["aggregation_strategy"],
                                 request.params["ignore_labels"], self.vocabulary)
                    for probs, enc, text in zip(rows, encoded, request.texts)]
         return results[0] if request.single else results

@@ -1,0 +1,5 @@
+import sys
+
+from infinity.cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""`infinity serve <artifact>`: every setting is a flag and an INFINITY_<NAME> variable (the flag wins)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from infinity.hostinfo import physical_cores
+from infinity.preflight import StartupError, load
+from infinity.settings import Settings
+
+ENV_PREFIX = "INFINITY_"
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+HELP = {
+    "host": "address to bind",
+    "port": "port to bind",
+    "threads": "ONNX Runtime intra-op threads (default: physical cores)",
+    "max_batch_tokens": "padded tokens (rows x longest input) per batch",
+    "max_batch_size": "rows per batch",
+    "max_queue": "requests waiting for the engine before new ones get 429",
+    "max_inputs_per_request": "texts in one request (at most max_batch_size)",
+    "max_payload_bytes": "request body limit in bytes",
+    "tokenizer_workers": "threads that tokenize and post-process",
+    "drain_timeout": "seconds to finish in-flight requests after SIGTERM",
+    "retry_after": "seconds sent in Retry-After with 429",
+    "allow_cpu_mismatch": "serve although this CPU lacks the target's required flags",
+    "allow_failed_parity": "serve an artifact whose parity check failed",
+    "log_level": "debug, info, warning or error",
+    "access_log": "log every request",
+}
+
+
+def _kind(field: dataclasses.Field[Any]) -> type:
+    """The scalar type of a Settings field (int for `int | None`)."""
+    hint = typing.get_type_hints(Settings)[field.name]
+    if isinstance(hint, types.UnionType):
+        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return hint
+
+
+def _parse(kind: type, text: str, source: str) -> Any:
+    if kind is bool:
+        if text.lower() in TRUE:
+            return True
+        if text.lower() in FALSE:
+            return False
+        raise StartupError(f"{source} must be true or false, not {text!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise StartupError(f"{source} must be {'an integer' if kind is int else 'a number'}, not {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
+    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT)")
+    for field in dataclasses.fields(Settings):
+        flag = "--" + field.name.replace("_", "-")
+        env = ENV_PREFIX + field.name.upper()
+        help = f"{HELP[field.name]} [env {env}, default {field.default}]"
+        if _kind(field) is bool:
+            serve.add_argument(flag, dest=field.name, action="store_const", const="true", default=None, help=help)
+        else:
+            serve.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help)
+    return parser
+
+
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(Settings):
+        env = ENV_PREFIX + field.name.upper()
+        flag_value = getattr(args, field.name)
+        if flag_value is not None:
+            values[field.name] = _parse(_kind(field), flag_value, "--" + field.name.replace("_", "-"))
+        elif environ.get(env, "") != "":
+            values[field.name] = _parse(_kind(field), environ[env], env)
+    try:
+        return Settings(**values)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def serve(directory: Path, settings: Settings) -> int:
+    import uvicorn
+
+    from infinity.app import create_app
+
+    threads = settings.threads or physical_cores()
+    settings = dataclasses.replace(settings, threads=threads)
+    model = load(directory, settings, threads)
+    config = uvicorn.Config(create_app(model, settings), host=settings.host, port=settings.port,
+                            log_level=settings.log_level, access_log=settings.access_log, lifespan="on",
+                            timeout_graceful_shutdown=settings.drain_timeout)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it shut down on; a quiet handler makes that a clean exit 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, frame: None)
+    server.run()
+    return 0 if server.started else 1
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from(args, environ)
+        logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+        artifact = args.artifact or environ.get(ENV_PREFIX + "ARTIFACT")
+        if not artifact:
+            raise StartupError("no artifact directory given")
+        return serve(Path(artifact), settings)
+    except StartupError as exc:
+        print(f"infinity: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,55 @@
+"""Checks before serving: the artifact is intact, trusted, and runnable on this host."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnxruntime
+
+from infinity.hostinfo import missing_cpu_flags
+from infinity.manifest import Manifest, ManifestError, verify_checksums
+from infinity.model import LoadedModel
+from infinity.settings import Settings
+
+log = logging.getLogger("infinity.preflight")
+
+
+class StartupError(Exception):
+    """The server must not start; the message is the one line the operator sees."""
+
+
+def check(directory: Path, settings: Settings) -> Manifest:
+    if not directory.is_dir():
+        raise StartupError(f"{directory} is not a directory")
+    try:
+        manifest = Manifest.load(directory)
+        verify_checksums(directory, manifest)
+    except ManifestError as exc:
+        raise StartupError(str(exc)) from None
+    if not manifest.parity.passed:
+        failures = "; ".join(manifest.parity.failures) or "no details recorded"
+        if not settings.allow_failed_parity:
+            raise StartupError(f"the artifact failed its parity check ({failures}); "
+                               "pass --allow-failed-parity to serve it anyway")
+        log.warning("serving an artifact that failed its parity check: %s", failures)
+    missing = missing_cpu_flags(manifest.target.required_cpu_flags)
+    if missing:
+        message = f"this CPU lacks {', '.join(missing)}, required by the {manifest.target.name!r} target"
+        if not settings.allow_cpu_mismatch:
+            raise StartupError(f"{message}; pass --allow-cpu-mismatch to serve it anyway")
+        log.warning("%s; serving anyway (--allow-cpu-mismatch)", message)
+    available = onnxruntime.get_available_providers()
+    absent = [p for p in manifest.target.providers if p not in available]
+    if absent:
+        raise StartupError(f"the {manifest.target.name!r} target needs {', '.join(absent)}, which this "
+                           f"onnxruntime does not offer (available: {', '.join(available)})")
+    return manifest
+
+
+def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
+    check(directory, settings)
+    try:
+        return LoadedModel.load(directory, threads=threads, verify=False)
+    except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
+        first_line = (str(exc) or repr(exc)).splitlines()[0]
+        raise StartupError(f"could not load the artifact: {first_line}") from None

@@ -1,0 +1,69 @@
+"""Session-wide artifacts: each source model is optimized once per test run and shared."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tests.models import build_minilm_head, build_tiny_distilbert, minilm_dir  # noqa: E402
+
+ArtifactFactory = Callable[..., Path]
+
+
+class ArtifactCache:
+    """Builds source models and artifacts on first use; INFINITY_TEST_ARTIFACTS keeps them between runs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def source(self, name: str) -> Path:
+        if name == "minilm":
+            return minilm_dir()
+        path = self.root / "sources" / name
+        if not (path / "config.json").is_file():
+            shutil.rmtree(path, ignore_errors=True)
+            if name == "distilbert-tiny":
+                build_tiny_distilbert(path)
+            else:
+                build_minilm_head(name, path)
+        return path
+
+    def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
+        from optimize.pipeline import OptimizeOptions, optimize
+
+        model = model or ("minilm" if task == "feature-extraction" else task)
+        path = self.root / f"{model}-{task}-{target}-{precision}"
+        if not (path / "manifest.json").is_file():
+            optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
+                                     precision=precision), log=lambda _: None)
+        return path
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
+    keep = os.environ.get("INFINITY_TEST_ARTIFACTS")
+    return ArtifactCache(Path(keep) if keep else tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def artifact_for(artifacts: ArtifactCache) -> ArtifactFactory:
+    """artifact_for(task, precision="fp32", target="icelake", model=None) -> artifact directory."""
+    return artifacts.artifact
+
+
+@pytest.fixture(scope="session")
+def minilm_fp32_artifact(artifacts: ArtifactCache) -> Path:
+    return artifacts.artifact("feature-extraction", "fp32")
+
+
+@pytest.fixture(scope="session")
+def minilm_int8_artifact(artifacts: ArtifactCache) -> Path:
+    return artifacts.artifact("feature-extraction", "int8")

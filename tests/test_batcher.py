@@ -1,0 +1,227 @@
+"""The batcher with a fake step: batch shapes, failures, admission, cancellation, drain."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from infinity.batcher import Batcher, BatchReport
+from infinity.errors import BackendError, NotReady, Overloaded
+from infinity.tokenization import Encoded
+
+WAIT = 30.0  # a hang guard, never a performance expectation
+
+
+def item(length: int, marker: int = 1) -> Encoded:
+    return Encoded(ids=[marker] * length, type_ids=[0] * length, offsets=[(0, 0)] * length,
+                   special=[0] * length, word_ids=[None] * length)
+
+
+class FakeStep:
+    """Answers each row with (first id, length); can hold a batch until released, or fail."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[int, int]]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.error: BaseException | None = None
+
+    def hold(self) -> None:
+        self.release.clear()
+
+    def __call__(self, items: list[Encoded]) -> np.ndarray:
+        self.batches.append([(i.ids[0], len(i)) for i in items])
+        self.entered.set()
+        self.release.wait(WAIT)
+        if self.error is not None:
+            raise self.error
+        return np.array([[i.ids[0], len(i)] for i in items])
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def make(step: FakeStep, **limits: Any) -> tuple[Batcher, list[BatchReport]]:
+    reports: list[BatchReport] = []
+    options = {"max_batch_tokens": 1000, "max_batch_size": 8, "max_queue": 16, **limits}
+    batcher = Batcher(step, on_batch=reports.append, **options)
+    batcher.start()
+    return batcher, reports
+
+
+def test_a_lone_request_runs_without_waiting_for_company() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, reports = make(step)
+        outcome = await batcher.submit([item(3, 7), item(5, 8)])
+        assert outcome.rows.tolist() == [[7, 3], [8, 5]]
+        assert (outcome.batch_size, outcome.batch_tokens) == (2, 10)
+        await batcher.close(1.0)
+        assert [r.size for r in reports] == [2]
+
+    run(main)
+
+
+def test_waiting_requests_share_a_batch_within_row_and_token_budgets() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, reports = make(step, max_batch_size=4, max_batch_tokens=39)
+        step.hold()
+        first = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        # queued while the engine is busy: 2 rows + 2 rows fill the row budget; 2 x 20 > 39 tokens
+        rest = [asyncio.ensure_future(batcher.submit(rows)) for rows in (
+            [item(4, 2), item(4, 3)], [item(5, 4), item(5, 5)], [item(20, 6)], [item(3, 7)])]
+        await until(lambda: batcher.depth == 4)
+        step.release.set()
+        outcomes = await asyncio.gather(first, *rest)
+        assert step.batches == [[(1, 2)], [(2, 4), (3, 4), (4, 5), (5, 5)], [(6, 20)], [(7, 3)]]
+        assert [o.rows[:, 0].tolist() for o in outcomes] == [[1], [2, 3], [4, 5], [6], [7]]
+        assert outcomes[1].batch_tokens == 4 * 5  # padded to the longest row of its own batch only
+        await batcher.close(1.0)
+        assert [r.size for r in reports] == [1, 4, 1, 1]
+
+    run(main)
+
+
+def test_a_failing_step_answers_every_request_in_its_batch() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, reports = make(step)
+        step.hold()
+        first = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        queued = [asyncio.ensure_future(batcher.submit([item(3, n)])) for n in (2, 3, 4)]
+        await until(lambda: batcher.depth == 3)
+        step.error = RuntimeError("kernel exploded")
+        step.release.set()
+        results = await asyncio.gather(first, *queued, return_exceptions=True)
+        assert all(isinstance(r, BackendError) and "kernel exploded" in r.message for r in results)
+        assert len(step.batches) == 2 and len(step.batches[1]) == 3
+        step.error = None
+        assert (await batcher.submit([item(1, 9)])).rows.tolist() == [[9, 1]]  # the thread survives
+        await batcher.close(1.0)
+        assert [r.error is not None for r in reports] == [True, True, False]
+
+    run(main)
+
+
+def test_a_dying_engine_thread_fails_everyone_waiting() -> None:
+    class Fatal(BaseException):
+        pass
+
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        queued = asyncio.ensure_future(batcher.submit([item(2, 2)]))
+        await until(lambda: batcher.depth == 1)
+        step.error = Fatal()
+        step.release.set()
+        results = await asyncio.gather(running, queued, return_exceptions=True)
+        assert all(isinstance(r, BackendError) for r in results)
+        await until(lambda: not batcher.alive)
+        with pytest.raises(BackendError):
+            await batcher.submit([item(1)])
+
+    run(main)
+
+
+def test_a_full_queue_is_refused() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step, max_queue=2)
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        queued = [asyncio.ensure_future(batcher.submit([item(2, n)])) for n in (2, 3)]
+        await until(lambda: batcher.depth == 2)
+        with pytest.raises(Overloaded):
+            await batcher.submit([item(2, 4)])
+        probe = asyncio.ensure_future(batcher.submit([item(1, 5)], admit_always=True))
+        step.release.set()
+        await asyncio.gather(running, probe, *queued)
+        await batcher.close(1.0)
+
+    run(main)
+
+
+def test_a_cancelled_request_is_dropped_before_it_costs_compute() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        gone = asyncio.ensure_future(batcher.submit([item(2, 2)]))
+        kept = asyncio.ensure_future(batcher.submit([item(2, 3)]))
+        await until(lambda: batcher.depth == 2)
+        gone.cancel()
+        await until(lambda: batcher.depth == 1)
+        step.release.set()
+        await asyncio.gather(running, kept)
+        assert [row[0] for batch in step.batches for row in batch] == [1, 3]
+        await batcher.close(1.0)
+
+    run(main)
+
+
+def test_close_drains_queued_work_then_refuses_new_work() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        step.hold()
+        pending = [asyncio.ensure_future(batcher.submit([item(2, n)])) for n in (1, 2, 3)]
+        await until(step.entered.is_set)
+        closing = asyncio.ensure_future(batcher.close(WAIT))
+        await asyncio.sleep(0)
+        with pytest.raises(NotReady):
+            await batcher.submit([item(1)])
+        step.release.set()
+        outcomes = await asyncio.gather(*pending)
+        await closing
+        assert [o.rows[0, 0] for o in outcomes] == [1, 2, 3]
+        assert not batcher.alive
+
+    run(main)
+
+
+def test_close_after_its_timeout_fails_what_never_ran() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        stuck = asyncio.ensure_future(batcher.submit([item(2, 2)]))
+        await until(lambda: batcher.depth == 1)
+        closing = asyncio.ensure_future(batcher.close(0.0))
+        await asyncio.sleep(0)  # close() stops the thread before its first await
+        step.release.set()
+        await closing
+        assert (await running).rows.tolist() == [[1, 2]]
+        with pytest.raises(NotReady):
+            await stuck
+
+    run(main)

@@ -1,0 +1,145 @@
+"""The optimizer end to end on real (MiniLM) and locally built models: artifacts, graphs, parity."""
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from infinity.manifest import Manifest, sha256_file, verify_checksums
+from infinity.model import LoadedModel
+
+QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLinear"}
+# (task, source model) pairs whose INT8 artifacts are checked; the MiniLM classification head is served in fp32
+# only: its random head has near-tied probes that no INT8 node survives, so its INT8 build is all float.
+INT8_CASES = [("feature-extraction", "minilm"), ("sequence-classification", "distilbert-tiny"),
+              ("token-classification", "token-classification"), ("ranking", "ranking")]
+ALL_CASES = [*INT8_CASES, ("sequence-classification", "sequence-classification")]
+
+
+def op_counts(path):
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+@pytest.mark.parametrize("task, model", INT8_CASES)
+def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, model, precision):
+    path = artifact_for(task, precision, model=model)
+    manifest = Manifest.load(path)
+    on_disk = json.loads((path / "manifest.json").read_text())
+    assert json.loads(json.dumps(manifest.to_dict())) == on_disk
+    verify_checksums(path, manifest)
+    assert manifest.model.sha256 == sha256_file(path / "model.onnx")
+    assert manifest.source.task == task and manifest.target.name == "icelake"
+    assert manifest.model.precision == precision
+    assert manifest.parity.passed and not manifest.parity.failures
+    assert manifest.parity.probe_size > 10
+    for name, bound in manifest.parity.thresholds.items():
+        assert manifest.parity.metrics[name] >= bound
+    assert manifest.optimization.fusion.get("Attention", 0) >= 2, manifest.optimization.fusion
+    assert set(manifest.model.inputs) >= {"input_ids", "attention_mask"}
+    ops = op_counts(path / "model.onnx")
+    if precision == "int8":
+        q = manifest.optimization.quantization
+        assert q["weight_type"] == "QInt8" and q["per_channel"] and not q["reduce_range"]
+        assert manifest.target.required_cpu_flags == ["avx512f", "avx512_vnni"]
+        quantized = ops["MatMulInteger"] + ops["QAttention"] + ops["DynamicQuantizeMatMul"]
+        assert quantized == q["candidates"] - len(manifest.optimization.kept_float) > 0
+    else:
+        assert not QUANTIZED_OPS & set(ops)
+        assert manifest.optimization.quantization is None and manifest.target.required_cpu_flags == []
+
+
+def test_minilm_int8_embeddings_agree_with_sentence_transformers(minilm_int8_artifact):
+    from sentence_transformers import SentenceTransformer
+
+    from optimize.probes import SINGLES
+
+    manifest = Manifest.load(minilm_int8_artifact)
+    assert manifest.parity.metrics["cosine_min"] >= 0.99
+    assert manifest.task.pooling == "mean" and manifest.task.normalize and manifest.tokenizer.max_length == 256
+    # Independently of the optimizer's own check: the serving pipeline against the original library.
+    model = LoadedModel.load(minilm_int8_artifact)
+    texts = [*SINGLES, "An unseen sentence about gardening in the rain.", "Quarterly revenue grew 12%."]
+    ours = np.stack([model.predict(text) for text in texts])
+    reference = SentenceTransformer(str(manifest.source.model), device="cpu").encode(texts)
+    cosine = (ours * reference).sum(1) / np.linalg.norm(reference, axis=1) / np.linalg.norm(ours, axis=1)
+    assert cosine.min() >= 0.98, cosine.min()
+    assert ours.shape == (len(texts), 384)
+
+
+def test_every_task_model_passes_parity_in_float(artifact_for):
+    for task, model in ALL_CASES:
+        manifest = Manifest.load(artifact_for(task, "fp32", model=model))
+        assert manifest.parity.passed, (task, manifest.parity.failures)
+
+
+def test_edited_weights_fail_parity(artifact_for, tmp_path):
+    from optimize.validate import validate_artifact
+
+    source = artifact_for("sequence-classification", "fp32")
+    assert validate_artifact(source).passed
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in source.iterdir():
+        (broken / item.name).write_bytes(item.read_bytes())
+    model = onnx.load(str(broken / "model.onnx"))
+    # An encoder weight (the FFN's), not the embedding table.
+    weight = next(t for t in model.graph.initializer if list(t.dims) == [384, 1536])
+    values = onnx.numpy_helper.to_array(weight)
+    rng = np.random.default_rng(0)
+    weight.CopyFrom(onnx.numpy_helper.from_array(rng.permutation(values.reshape(-1)).reshape(values.shape), weight.name))
+    onnx.save(model, str(broken / "model.onnx"))
+    manifest = Manifest.load(broken)
+    manifest.model.sha256 = sha256_file(broken / "model.onnx")  # a consistent manifest: only parity can tell
+    manifest.save(broken)
+    result = validate_artifact(broken)
+    assert not result.passed and "top1_agreement" in result.failures[0]
+    run = subprocess.run([sys.executable, "-m", "optimize", "validate", str(broken)], capture_output=True, text=True)
+    assert run.returncode == 3 and "parity failed" in run.stderr
+
+
+def test_cli_reports_stages_and_refuses_to_write_a_failing_artifact(artifacts, tmp_path):
+    source = artifacts.source("distilbert-tiny")
+    out = tmp_path / "art"
+    command = [sys.executable, "-m", "optimize", "optimize", str(source), "--task", "sequence-classification",
+               "--target", "avx2", "--out", str(out)]
+    failing = subprocess.run([*command, "--threshold", "top1_agreement=1.01"], capture_output=True, text=True)
+    assert failing.returncode == 3, failing.stderr
+    assert "top1_agreement" in failing.stderr and not out.exists()
+    kept = subprocess.run([*command, "--threshold", "top1_agreement=1.01", "--allow-failed-parity"],
+                          capture_output=True, text=True)
+    assert kept.returncode == 0, kept.stderr
+    for stage in ("[export]", "[fuse]", "[quantize]", "[validate]", "[package]", "parity vs", "MB optimized"):
+        assert stage in kept.stdout
+    manifest = Manifest.load(out)
+    assert manifest.parity.passed is False and manifest.parity.overridden
+    assert manifest.target.name == "avx2" and manifest.optimization.quantization["reduce_range"] is True
+
+
+def test_unknown_threshold_metric_is_a_clear_error(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "optimize", "optimize", "--threshold", "cosine=0.9",
+                          "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert run.returncode == 2 and "unknown parity metric" in run.stderr and "cosine_min" in run.stderr
+
+
+@pytest.mark.parametrize("target", ["cuda", "tensorrt"])
+def test_gpu_artifacts_have_fp16_weights_and_provider_settings(artifact_for, target):
+    path = artifact_for("feature-extraction", "fp16", target=target)
+    manifest = Manifest.load(path)
+    model = onnx.load(str(path / "model.onnx"))
+    big = [t for t in model.graph.initializer if np.prod(t.dims) >= 1024]
+    assert big and all(t.data_type == onnx.TensorProto.FLOAT16 for t in big)
+    io_types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+    assert io_types == {"input_ids": onnx.TensorProto.INT64, "attention_mask": onnx.TensorProto.INT64,
+                        "token_type_ids": onnx.TensorProto.INT64, "last_hidden_state": onnx.TensorProto.FLOAT}
+    assert manifest.model.precision == "fp16" and manifest.parity.passed
+    assert manifest.target.providers[-1] == "CPUExecutionProvider"
+    if target == "tensorrt":
+        options = manifest.target.provider_options["TensorrtExecutionProvider"]
+        assert options["trt_fp16_enable"] and options["trt_engine_cache_enable"]
+        assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256,token_type_ids:32x256"
+    else:
+        assert manifest.target.providers[0] == "CUDAExecutionProvider"

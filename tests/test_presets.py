@@ -1,0 +1,60 @@
+import pytest
+
+from optimize.presets import PRESETS, QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
+
+VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
+SKYLAKE_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw"})
+AVX2_HOST = frozenset({"sse4_2", "avx2", "fma"})
+
+
+@pytest.mark.parametrize("flags, expected", [(VNNI_HOST, "icelake"), (SKYLAKE_HOST, "skylake"), (AVX2_HOST, "avx2")])
+def test_auto_picks_the_best_cpu_preset_for_the_flags(flags, expected):
+    assert resolve_target("auto", flags).name == expected
+
+
+def test_auto_refuses_a_cpu_without_avx2():
+    with pytest.raises(ValueError, match="no AVX2"):
+        resolve_target("auto", frozenset({"sse4_2"}))
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(ValueError, match="icelake"):
+        resolve_target("pentium")
+
+
+@pytest.mark.parametrize("name", ["icelake", "cascadelake"])
+def test_vnni_presets_use_full_range_signed_per_channel_weights(name):
+    q = PRESETS[name].quantization
+    assert (q.weight_type, q.per_channel, q.reduce_range) == ("QInt8", True, False)
+    assert "avx512_vnni" in PRESETS[name].required_cpu_flags
+
+
+@pytest.mark.parametrize("name", ["skylake", "avx2"])
+def test_presets_without_vnni_reduce_range_against_saturation(name):
+    assert PRESETS[name].quantization.reduce_range is True
+    assert "avx512_vnni" not in PRESETS[name].required_cpu_flags
+
+
+def test_every_cpu_preset_offers_a_float_variant_and_gpu_presets_default_to_fp16():
+    for preset in PRESETS.values():
+        if preset.is_gpu:
+            assert preset.default_precision == "fp16" and preset.quantization is None
+        else:
+            assert preset.default_precision == "int8" and "fp32" in preset.precisions
+        assert preset.why
+
+
+def test_quantization_config_rejects_unknown_weight_types():
+    with pytest.raises(ValueError, match="weight_type"):
+        QuantizationConfig(weight_type="QInt4")
+
+
+def test_a_preset_cannot_offer_int8_without_a_recipe():
+    with pytest.raises(ValueError, match="quantization"):
+        TargetPreset("x", "why", ("CPUExecutionProvider",), ("int8",))
+
+
+def test_tensorrt_profiles_cover_exactly_the_model_inputs_within_max_length():
+    options = tensorrt_profiles(["input_ids", "attention_mask"], max_length=256)
+    assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256"
+    assert "token_type_ids" not in options["trt_profile_opt_shapes"]

@@ -1,0 +1,146 @@
+"""Start-up: settings from flags and environment, refusals as one line, and a server free of torch."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infinity.cli import build_parser, main, settings_from
+from infinity.preflight import StartupError, check
+from infinity.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def settings(argv: list[str], environ: dict[str, str] | None = None) -> Settings:
+    return settings_from(build_parser().parse_args(["serve", "artifact", *argv]), environ or {})
+
+
+def test_flags_win_over_environment_which_wins_over_defaults() -> None:
+    parsed = settings(["--port", "9000", "--allow-cpu-mismatch"],
+                      {"INFINITY_PORT": "9100", "INFINITY_MAX_QUEUE": "7", "INFINITY_DRAIN_TIMEOUT": "2.5",
+                       "INFINITY_ACCESS_LOG": "yes"})
+    assert (parsed.port, parsed.max_queue, parsed.drain_timeout) == (9000, 7, 2.5)
+    assert parsed.allow_cpu_mismatch and parsed.access_log
+    assert parsed.max_batch_size == Settings().max_batch_size and parsed.threads is None
+
+
+@pytest.mark.parametrize(("argv", "environ", "message"), [
+    (["--port", "eighty"], {}, "--port must be an integer"),
+    ([], {"INFINITY_ALLOW_CPU_MISMATCH": "maybe"}, "INFINITY_ALLOW_CPU_MISMATCH must be true or false"),
+    (["--max-batch-size", "0"], {}, "max_batch_size must be at least 1"),
+    (["--max-inputs-per-request", "64", "--max-batch-size", "8"], {}, "must not exceed max_batch_size"),
+    (["--log-level", "loud"], {}, "log_level must be one of"),
+])
+def test_bad_settings_are_refused(argv: list[str], environ: dict[str, str], message: str) -> None:
+    with pytest.raises(StartupError, match=message):
+        settings(argv, environ)
+
+
+@pytest.fixture()
+def editable(artifact_for: Any, tmp_path: Path) -> Path:
+    """A copy of a real artifact whose manifest and tokenizer may be edited (the model file is hard-linked)."""
+    source = artifact_for("ranking")
+    copy = tmp_path / "artifact"
+    copy.mkdir()
+    for path in source.iterdir():
+        if path.name == "model.onnx":
+            os.link(path, copy / path.name)
+        else:
+            shutil.copy(path, copy / path.name)
+    return copy
+
+
+def edit(artifact: Path, **sections: dict[str, Any]) -> None:
+    data = json.loads((artifact / "manifest.json").read_text())
+    for section, values in sections.items():
+        if isinstance(data.get(section), dict):
+            data[section].update(values)
+        else:
+            data[section] = values
+    (artifact / "manifest.json").write_text(json.dumps(data))
+
+
+def refusal(artifact: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["serve", str(artifact), *flags], environ={}) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("infinity: error: ")
+    return lines[0]
+
+
+def test_a_failed_parity_check_is_refused_unless_allowed(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(editable, parity={"passed": False, "failures": ["cosine 0.91 < 0.99"]})
+    assert "--allow-failed-parity" in refusal(editable, capsys)
+    check(editable, Settings(allow_failed_parity=True))
+
+
+def test_missing_cpu_flags_are_refused_unless_allowed(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(editable, target={"required_cpu_flags": ["avx512_imaginary"]})
+    assert "avx512_imaginary" in refusal(editable, capsys)
+    check(editable, Settings(allow_cpu_mismatch=True))
+
+
+def test_a_missing_execution_provider_is_refused(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(editable, target={"name": "imaginary-gpu", "providers": ["ImaginaryExecutionProvider",
+                                                                   "CPUExecutionProvider"]})
+    line = refusal(editable, capsys, "--allow-cpu-mismatch")
+    assert "ImaginaryExecutionProvider" in line
+
+
+def test_a_changed_file_is_refused(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with open(editable / "tokenizer.json", "a") as handle:
+        handle.write(" ")
+    assert "checksum mismatch for tokenizer.json" in refusal(editable, capsys)
+
+
+def test_an_unknown_schema_version_is_refused(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(editable, schema_version=99)
+    assert "schema version 99" in refusal(editable, capsys)
+
+
+def test_a_refusal_is_one_line_without_traceback(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "infinity", "serve", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [f"infinity: error: no manifest.json in {tmp_path}: "
+                                                  "not an artifact directory"]
+
+
+NO_TORCH = """
+import sys
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"torch", "transformers", "optimize", "sentence_transformers"}:
+            raise ImportError(f"{name} is blocked in the server")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+import infinity.app, infinity.cli, infinity.service, infinity.batcher, infinity.preflight, infinity.openapi
+from starlette.testclient import TestClient
+from infinity.app import create_app
+from infinity.model import LoadedModel
+from infinity.settings import Settings
+
+for artifact, inputs in zip(sys.argv[1::2], sys.argv[2::2]):
+    with TestClient(create_app(LoadedModel.load(artifact), Settings())) as client:
+        response = client.post("/predict", json={"inputs": inputs})
+        assert response.status_code == 200, response.text
+        print(response.text)
+assert not {m.partition(".")[0] for m in sys.modules} & {"torch", "transformers", "optimize"}
+"""
+
+
+def test_the_server_runs_without_torch_transformers_or_the_optimizer(minilm_fp32_artifact: Path,
+                                                                     artifact_for: Any) -> None:
+    result = subprocess.run([sys.executable, "-c", NO_TORCH, str(minilm_fp32_artifact), "hello",
+                             str(artifact_for("token-classification")), "Anna lives in Berlin"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 2

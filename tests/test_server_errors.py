@@ -1,0 +1,274 @@
+"""Every error status, overload, engine failure and client disconnects, over a real ONNX Runtime session."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from infinity.app import LastResort, create_app
+from infinity.model import LoadedModel
+from infinity.settings import Settings
+
+WAIT = 60.0  # a hang guard, never a performance expectation
+
+
+class ControlledSession:
+    """Wraps the real onnxruntime session: can hold a batch until released, or fail like a lost device."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.rows: list[int] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.fail = False
+
+    def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.rows.append(int(feeds["input_ids"].shape[0]))
+        self.entered.set()
+        self.release.wait(WAIT)
+        if self.fail:
+            raise RuntimeError("CUDA error: device lost")
+        return self.real.run(names, feeds)
+
+
+@pytest.fixture(scope="module")
+def model(artifact_for: Any) -> LoadedModel:
+    return LoadedModel.load(artifact_for("sequence-classification"), threads=1)
+
+
+@pytest.fixture()
+def session(model: LoadedModel) -> Iterator[ControlledSession]:
+    real = model.engine.session
+    controlled = ControlledSession(real)
+    try:
+        yield controlled
+    finally:
+        controlled.release.set()
+        model.engine.session = real
+
+
+@pytest.fixture()
+def client(model: LoadedModel) -> Iterator[TestClient]:
+    settings = Settings(max_payload_bytes=4096, max_inputs_per_request=4, max_batch_size=8, max_queue=2)
+    with TestClient(create_app(model, settings)) as test_client:
+        yield test_client
+
+
+def gauge(client: TestClient, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)
+
+
+def assert_error(response: httpx.Response, status: int, error_type: str) -> dict[str, str]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "error_type"} and body["error_type"] == error_type
+    return body
+
+
+@pytest.mark.parametrize(("body", "status", "error_type"), [
+    (b"{", 422, "validation"),
+    (b"\xff\xfe\x00garbage", 422, "validation"),
+    (b'{"inputs": "\\ud800"}', 422, "validation"),
+    (b"[" * 2000, 422, "validation"),
+    (b'{"inputs": 1e999999}', 422, "validation"),
+    (b'{"inputs": 123456789012345678901234567890}', 422, "validation"),
+    (b'{"inputs": {"nested": [[[{}]]]}}', 422, "validation"),
+    (b'"just a string"', 422, "validation"),
+    (b"null", 422, "validation"),
+    (b"{}", 422, "validation"),
+    (b'{"inputs": "hi", "extra": 1}', 422, "validation"),
+    (b'{"inputs": "hi", "parameters": []}', 422, "validation"),
+    (b'{"inputs": [1, 2]}', 422, "validation"),
+    (b'{"inputs": ""}', 400, "empty"),
+    (b'{"inputs": "   "}', 400, "empty"),
+    (b'{"inputs": []}', 400, "empty"),
+    (b'{"inputs": ["a", "b", "c", "d", "e"]}', 413, "payload_too_large"),
+    (b'{"inputs": "' + b"x" * 5000 + b'"}', 413, "payload_too_large"),
+    (b'{"inputs": "hi", "parameters": {"top_k": 1e300}}', 422, "validation"),
+])
+def test_bad_bodies_get_json_errors(client: TestClient, body: bytes, status: int, error_type: str) -> None:
+    assert_error(client.post("/predict", content=body), status, error_type)
+    assert client.post("/predict", json={"inputs": "still serving"}).status_code == 200
+
+
+def test_unknown_parameters_are_named(client: TestClient) -> None:
+    body = assert_error(client.post("/predict", json={"inputs": "hi", "parameters": {"temprature": 1, "top_k": 1}}),
+                        422, "validation")
+    assert "temprature" in body["error"] and "top_k" not in body["error"].split(";")[0]
+
+
+def test_input_longer_than_the_model_needs_truncate(client: TestClient, model: LoadedModel) -> None:
+    text = "word " * (model.tokenizer.max_length + 10)
+    body = assert_error(client.post("/predict", json={"inputs": text, "parameters": {"truncate": False}}),
+                        422, "validation")
+    assert "truncate" in body["error"]
+    assert client.post("/predict", json={"inputs": text}).status_code == 200
+
+
+def test_a_body_larger_than_declared_is_still_cut_off(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"inputs": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    assert_error(client.post("/predict", content=chunks()), 413, "payload_too_large")
+
+
+def test_the_content_type_is_not_required(client: TestClient) -> None:
+    response = client.post("/predict", content=b'{"inputs": "hello"}', headers={"content-type": "text/plain"})
+    assert response.status_code == 200
+
+
+def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
+    assert_error(client.get("/nope"), 404, "not_found")
+    response = client.get("/predict")
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+    assert_error(client.delete("/health/ready"), 405, "method_not_allowed")
+
+
+def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: LoadedModel,
+                                                   session: ControlledSession) -> None:
+    session.release.clear()
+    model.engine.session = session
+    with ThreadPoolExecutor(4) as pool:
+        running = pool.submit(client.post, "/predict", json={"inputs": "first"})
+        until(session.entered.is_set)
+        queued = [pool.submit(client.post, "/predict", json={"inputs": f"queued {n}"}) for n in range(2)]
+        until(lambda: gauge(client, "infinity_queue_depth") == 2)
+        refused = client.post("/predict", json={"inputs": "one too many"})
+        session.release.set()
+        answers = [f.result(WAIT) for f in [running, *queued]]
+    assert_error(refused, 429, "overloaded")
+    assert int(refused.headers["retry-after"]) >= 1
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert session.rows == [1, 2]  # the two queued requests shared one batch
+    assert 'infinity_failures_total{error_type="overloaded"} 1' in client.get("/metrics").text
+
+
+def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: TestClient, model: LoadedModel,
+                                                                    session: ControlledSession) -> None:
+    session.release.clear()
+    session.fail = True
+    model.engine.session = session
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(client.post, "/predict", json={"inputs": "first"})
+        until(session.entered.is_set)
+        queued = [pool.submit(client.post, "/predict", json={"inputs": f"queued {n}"}) for n in range(2)]
+        until(lambda: gauge(client, "infinity_queue_depth") == 2)
+        session.release.set()
+        answers = [f.result(WAIT) for f in [running, *queued]]
+    for answer in answers:
+        assert "device lost" in assert_error(answer, 500, "backend")["error"]
+    assert_error(client.get("/health/ready"), 503, "unhealthy")  # its probe fails too
+    assert client.get("/health/live").status_code == 200
+    session.fail = False
+    rows_before = len(session.rows)
+    assert client.get("/health/ready").status_code == 200  # a real probe pass brings it back
+    assert len(session.rows) == rows_before + 1
+    assert client.post("/predict", json={"inputs": "after recovery"}).status_code == 200
+    assert 'infinity_failures_total{error_type="backend"} 3' in client.get("/metrics").text
+
+
+def test_a_client_that_disconnects_while_queued_costs_no_compute(model: LoadedModel,
+                                                                 session: ControlledSession) -> None:
+    app = create_app(model, Settings())
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app) as state:
+            session.release.clear()
+            model.engine.session = session
+            service = state["service"]
+            gone = asyncio.Event()
+
+            async def call(text: str, disconnect: asyncio.Event | None) -> list[dict[str, Any]]:
+                body = orjson.dumps({"inputs": text})
+                sent: list[dict[str, Any]] = []
+                delivered = False
+
+                async def receive() -> dict[str, Any]:
+                    nonlocal delivered
+                    if not delivered:
+                        delivered = True
+                        return {"type": "http.request", "body": body, "more_body": False}
+                    await (disconnect.wait() if disconnect else asyncio.Event().wait())
+                    return {"type": "http.disconnect"}
+
+                async def send(message: dict[str, Any]) -> None:
+                    sent.append(message)
+
+                scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                         "scheme": "http", "path": "/predict", "raw_path": b"/predict", "query_string": b"",
+                         "root_path": "", "headers": [(b"content-length", str(len(body)).encode())],
+                         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": dict(state)}
+                await app(scope, receive, send)
+                return sent
+
+            first = asyncio.ensure_future(call("first", None))
+            while not session.entered.is_set():
+                await asyncio.sleep(0.01)
+            leaving = asyncio.ensure_future(call("leaves early", gone))
+            while service.batcher.depth != 1:
+                await asyncio.sleep(0.01)
+            gone.set()
+            while service.batcher.depth != 0:
+                await asyncio.sleep(0.01)
+            session.release.set()
+            answered = await first
+            await leaving
+            assert answered[0]["status"] == 200
+            assert session.rows == [1]  # only the first request ever reached the engine
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_anything_unexpected_becomes_a_json_500_and_the_app_keeps_serving() -> None:
+    async def broken(request: Request) -> None:
+        raise KeyError("surprise")
+
+    async def fine(request: Request) -> Any:
+        from starlette.responses import PlainTextResponse
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/broken", broken), Route("/fine", fine)], middleware=[Middleware(LastResort)])
+    with TestClient(app) as client:
+        assert_error(client.get("/broken"), 500, "internal")
+        assert client.get("/fine").text == "ok"
+
+
+def test_predict_before_warm_up_is_503(model: LoadedModel) -> None:
+    from infinity.errors import NotReady
+    from infinity.service import Service
+
+    async def main() -> None:
+        with pytest.raises(NotReady) as caught:
+            await Service(model, Settings()).predict({"inputs": "too early"})
+        assert caught.value.status_code == 503
+
+    asyncio.run(main())
+
