@@ -21,6 +21,7 @@ from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize import accuracy_aware_quantize
 from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
 from optimize.source import load_source
+from optimize.speed import median_latency_ms
 
 Log = Callable[[str], None]
 
@@ -118,6 +119,13 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                             "full_int8_metrics": result.full_int8}
             if kept_float:
                 notes.append(f"{len(kept_float)} of {result.candidates} quantizable nodes kept in float for parity")
+            if kept_float:
+                # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
+                quantization["latency_ms_seq128"] = {
+                    "fp32": median_latency_ms(fused, threads=options.threads),
+                    "full_int8": median_latency_ms(work / "full_int8.onnx", threads=options.threads),
+                    "final": median_latency_ms(final, threads=options.threads)}
+                log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
             if len(kept_float) == result.candidates:
                 notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")

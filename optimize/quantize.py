@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
     quantize(src, dst, config)
+    shutil.copy(dst, scratch / "full_int8.onnx")
     full = evaluate(dst)
     result.trials += 1
     result.full_int8 = full.metrics

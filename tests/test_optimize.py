@@ -47,6 +47,8 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
         assert manifest.target.required_cpu_flags == ["avx512f", "avx512_vnni"]
         quantized = ops["MatMulInteger"] + ops["QAttention"] + ops["DynamicQuantizeMatMul"]
         assert quantized == q["candidates"] - len(manifest.optimization.kept_float) > 0
+        if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
+            assert set(q["latency_ms_seq128"]) == {"fp32", "full_int8", "final"}
     else:
         assert not QUANTIZED_OPS & set(ops)
         assert manifest.optimization.quantization is None and manifest.target.required_cpu_flags == []

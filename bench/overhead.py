@@ -1,0 +1,93 @@
+"""In-process pipeline vs the same artifact over HTTP, at exact token counts, batch 1, concurrency 1.
+
+    python bench/overhead.py <artifact dir> [--seq 8 128] [--requests 200]
+
+Both are measured in the same run, interleaved per sequence length; the report is medians and ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from infinity.model import LoadedModel
+
+
+def text_with_tokens(model: LoadedModel, tokens: int) -> str:
+    words = max(tokens - 2, 1)
+    text = " ".join(["hello"] * words)
+    assert len(model.tokenizer.encode([text])[0]) == tokens, "the probe word must be one token"
+    return text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("--seq", type=int, nargs="+", default=[8, 128])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    port = free_port()
+    env = {**os.environ, "INFINITY_ALLOW_CPU_MISMATCH": "true"}
+    command = [sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port)]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        model = LoadedModel.load(args.artifact, threads=args.threads)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=30) as client:
+            for _ in range(300):
+                try:
+                    if client.get(f"{url}/health/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("the server did not become ready")
+            print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} {'HTTP/in-process':>16}")
+            for seq in args.seq:
+                text = text_with_tokens(model, seq)
+                local, remote, compute = [], [], []
+                for _ in range(10):
+                    model.predict(text)
+                    client.post(f"{url}/predict", json={"inputs": text})
+                for _ in range(args.requests):  # interleaved, so both see the same machine
+                    start = time.perf_counter()
+                    model.predict(text)
+                    local.append((time.perf_counter() - start) * 1000)
+                    start = time.perf_counter()
+                    response = client.post(f"{url}/predict", json={"inputs": text})
+                    remote.append((time.perf_counter() - start) * 1000)
+                    response.raise_for_status()
+                    compute.append(float(response.headers["x-compute-time"]))
+                a, b = statistics.median(local), statistics.median(remote)
+                print(f"{seq:>5} {a:>18.2f} {b:>12.2f} {statistics.median(compute):>14.2f} {b / a:>16.2f}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
