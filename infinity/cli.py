@@ -24,6 +24,7 @@ HELP = {
     "host": "address to bind",
     "port": "port to bind",
     "threads": "ONNX Runtime intra-op threads (default: physical cores)",
+    "spin_wait": "let ONNX Runtime's idle workers busy-wait (lower latency on dedicated cores, costly when shared)",
     "max_batch_tokens": "padded tokens (rows x longest input) per batch",
     "max_batch_size": "rows per batch",
     "max_queue": "requests waiting for the engine before new ones get 429",

@@ -23,14 +23,14 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
-             verify: bool = True) -> "LoadedModel":
+             verify: bool = True, spin_wait: bool = False) -> "LoadedModel":
         directory = Path(directory)
         manifest = Manifest.load(directory)
         if verify:
             verify_checksums(directory, manifest)
         tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
                                   manifest.tokenizer.pad_id)
-        engine = Engine(directory, manifest, threads=threads, providers=providers)
+        engine = Engine(directory, manifest, threads=threads, providers=providers, spin_wait=spin_wait)
         return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))
 
     def encode(self, request: Request) -> list[Encoded]:

@@ -49,7 +49,7 @@ def check(directory: Path, settings: Settings) -> Manifest:
 def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     check(directory, settings)
     try:
-        return LoadedModel.load(directory, threads=threads, verify=False)
+        return LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait)
     except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
         first_line = (str(exc) or repr(exc)).splitlines()[0]
         raise StartupError(f"could not load the artifact: {first_line}") from None
