@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the artifact even if parity fails (the manifest records passed=false)")
     run.add_argument("--threshold", action="append", default=[], metavar="METRIC=VALUE", type=_threshold,
                      help="override a parity threshold, e.g. cosine_min=0.995 (repeatable)")
+    run.add_argument("--keep-float-like", type=Path, default=None, metavar="ARTIFACT",
+                     help="INT8: keep in float the same layers and roles as this parity-tested artifact, "
+                          "instead of searching (for models of the same depth)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
-                              threads=args.threads, thresholds=dict(args.threshold))
+                              threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:

@@ -17,8 +17,9 @@ from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.parity import THRESHOLDS, ParityResult, check_thresholds, compare
-from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
-from optimize.quantize import accuracy_aware_quantize
+from optimize.presets import QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
+from optimize.quantize import accuracy_aware_quantize, quantizable_nodes, quantize
+from optimize.recipe import kept_roles, nodes_for_roles
 from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
 from optimize.source import load_source
 from optimize.speed import median_latency_ms
@@ -42,6 +43,7 @@ class OptimizeOptions:
     allow_failed_parity: bool = False
     threads: int = 0
     thresholds: dict[str, float] | None = None
+    keep_float_like: Path | None = None  # reuse another artifact's float-kept layer roles instead of searching
 
 
 class Stages:
@@ -112,21 +114,17 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None
-            result = accuracy_aware_quantize(fused, final, preset.quantization, evaluate, work, log)
-            kept_float = result.kept_float
-            quantization = {**preset.quantization.to_dict(), "mode": "dynamic", "candidates": result.candidates,
-                            "kept_float": len(kept_float), "trials": result.trials,
-                            "full_int8_metrics": result.full_int8}
+            quantization, kept_float = _quantize_int8(options, preset.quantization, fused, final, evaluate, work, log)
             if kept_float:
-                notes.append(f"{len(kept_float)} of {result.candidates} quantizable nodes kept in float for parity")
-            if kept_float:
+                notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
+                             "for parity")
                 # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
                 quantization["latency_ms_seq128"] = {
                     "fp32": median_latency_ms(fused, threads=options.threads),
                     "full_int8": median_latency_ms(work / "full_int8.onnx", threads=options.threads),
                     "final": median_latency_ms(final, threads=options.threads)}
                 log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
-            if len(kept_float) == result.candidates:
+            if len(kept_float) == quantization["candidates"]:
                 notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
         elif precision == "fp16":
@@ -171,6 +169,23 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         )
         manifest.save(staging)
     return manifest
+
+
+def _quantize_int8(options: OptimizeOptions, config: QuantizationConfig, fused: Path, final: Path,
+                   evaluate: Callable[[Path], ParityResult], work: Path, log: Log) -> tuple[dict, list[str]]:
+    """Either search which nodes to keep in float, or reuse the layer roles another artifact kept."""
+    if options.keep_float_like is None:
+        result = accuracy_aware_quantize(fused, final, config, evaluate, work, log)
+        return ({**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
+                 "kept_float": len(result.kept_float), "trials": result.trials,
+                 "full_int8_metrics": result.full_int8}, result.kept_float)
+    candidates = quantizable_nodes(fused, config)
+    kept_float = nodes_for_roles(candidates, kept_roles(options.keep_float_like))
+    quantize(fused, work / "full_int8.onnx", config)
+    quantize(fused, final, config, exclude=kept_float)
+    log(f"  recipe from {options.keep_float_like}: {len(kept_float)} of {len(candidates)} nodes kept in float")
+    return ({**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
+             "recipe_from": str(options.keep_float_like)}, kept_float)
 
 
 def _to_fp16(src: Path, dst: Path) -> None:
