@@ -1,0 +1,57 @@
+"""The benchmark's own parts: statistics, exact-length inputs, the load generator, the vanilla baseline."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from bench.loadgen import closed_loop, open_loop
+from bench.stats import percentile, summarize
+from bench.texts import text_with_tokens
+from bench.vanilla_server import create_app
+from tests.test_server_process import server  # noqa: F401  (a real server process on a free port)
+
+
+def test_percentiles_are_nearest_rank():
+    samples = [float(v) for v in range(1, 101)]
+    assert [percentile(samples, q) for q in (50, 90, 99, 100)] == [50.0, 90.0, 99.0, 100.0]
+    summary = summarize([2.0, 4.0], wall_s=0.5, requests=2)
+    assert summary["throughput_rps"] == 4.0 and summary["avg_ms"] == 3.0 and summary["max_ms"] == 4.0
+
+
+@pytest.mark.parametrize("tokens", [8, 128, 256])
+def test_texts_have_exactly_the_requested_number_of_tokens(minilm_fp32_artifact: Path, tokens: int):
+    from infinity.tokenization import TextTokenizer
+
+    path = minilm_fp32_artifact / "tokenizer.json"
+    text = text_with_tokens(str(path), tokens)
+    assert len(TextTokenizer(path, 512, 0).encode([text])[0]) == tokens
+
+
+def test_load_generator_drives_a_real_server(server):  # noqa: F811
+    _, port, _ = server
+    payload = {"inputs": "a short text"}
+    closed = asyncio.run(closed_loop(port, payload, concurrency=4, requests=20, max_seconds=60))
+    assert not closed.errors and len(closed.latencies_ms) == 20 and len(closed.compute_ms) == 20
+    opened = asyncio.run(open_loop(port, payload, rate=20, seconds=1))
+    assert not opened.errors and len(opened.latencies_ms) == 20
+    refused = asyncio.run(closed_loop(port, {"inputs": ""}, concurrency=1, requests=3, max_seconds=60))
+    assert refused.errors == {"400": 3} and not refused.latencies_ms
+
+
+def test_vanilla_baseline_serves_the_transformers_pipeline(artifacts):
+    source = artifacts.source("distilbert-tiny")
+    with TestClient(create_app(str(source), threads=1)) as client:
+        response = client.post("/predict", json={"inputs": "hello world"})
+    assert response.status_code == 200 and "x-compute-time" in response.headers
+    [answer] = response.json()
+    assert answer["label"] in {"negative", "neutral", "positive"} and 0 < answer["score"] <= 1
+
+
+def test_bench_runs_as_modules():
+    import subprocess
+    run = subprocess.run([sys.executable, "-m", "bench.run", "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "--quick" in run.stdout
