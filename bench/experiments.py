@@ -6,15 +6,11 @@ Every variant runs in this one process, alternating, on the same inputs (median 
 """
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
-
-import numpy as np
-import onnxruntime as ort
 
 from bench.model import build_distilbert_base
 from bench.run import RESULTS, WORK
+from optimize.speed import cpu_session, median_ms
 
 SEQS = (8, 128)
 
@@ -54,35 +50,14 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
     return variants
 
 
-def session(path: Path, spin: bool) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def median_ms(s: ort.InferenceSession, seq: int, runs: int) -> float:
-    ids = np.full((1, seq), 7592, dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    for _ in range(3):
-        s.run(None, feeds)
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        s.run(None, feeds)
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
-
-
 def main() -> None:
     model_dir = build_distilbert_base(WORK / "distilbert-base")
     variants = build_variants(model_dir, WORK / "experiments")
     rows = []
     for name, path in variants.items():
         for spin in (False, True):
-            s = session(path, spin)
-            rows.append((name, spin, [median_ms(s, seq, 40 if seq <= 32 else 15) for seq in SEQS],
+            s = cpu_session(path, threads=2, spin_wait=spin)
+            rows.append((name, spin, [median_ms(s, seq, runs=40 if seq <= 32 else 15) for seq in SEQS],
                          path.stat().st_size / 1e6))
             print(rows[-1], flush=True)
     base = {seq: rows[0][2][i] for i, seq in enumerate(SEQS)}
