@@ -50,14 +50,21 @@ def _physical_from_cpuinfo() -> int | None:
 
 
 def _cgroup_cpu_quota() -> float | None:
+    """CPUs allowed by the container's quota: cgroup v2 cpu.max, else v1 cfs_quota_us / cfs_period_us."""
     try:
         with open("/sys/fs/cgroup/cpu.max", encoding="utf-8") as handle:
             quota, period = handle.read().split()
-        if quota != "max":
-            return int(quota) / int(period)
+        return int(quota) / int(period) if quota != "max" else None
     except (OSError, ValueError):
         pass
-    return None
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", encoding="utf-8") as handle:
+            quota_us = int(handle.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us", encoding="utf-8") as handle:
+            period_us = int(handle.read())
+        return quota_us / period_us if quota_us > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def missing_cpu_flags(required: list[str]) -> list[str]:

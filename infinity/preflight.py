@@ -49,7 +49,14 @@ def check(directory: Path, settings: Settings) -> Manifest:
 def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     check(directory, settings)
     try:
-        return LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait)
+        model = LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait)
     except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
         first_line = (str(exc) or repr(exc)).splitlines()[0]
         raise StartupError(f"could not load the artifact: {first_line}") from None
+    # onnxruntime lists a GPU provider whenever its library is installed, then quietly falls back to
+    # the CPU if the device or its CUDA libraries are missing: check what the session really got.
+    wanted = model.manifest.target.providers[0]
+    if wanted not in model.engine.session.get_providers():
+        raise StartupError(f"the {model.manifest.target.name!r} target needs {wanted}, which onnxruntime could "
+                           "not create here (no GPU, or its CUDA libraries are missing)")
+    return model
