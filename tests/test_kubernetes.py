@@ -1,0 +1,100 @@
+"""deploy/kubernetes: valid against the Kubernetes schemas (bundled with kubernetes-validate, offline)
+and consistent with the server: health routes, port, drain time, CPU flags of the artifact's target."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from optimize.presets import PRESETS
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+# native sidecars (init containers with restartPolicy: Always) are on by default from 1.29
+KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{path.name}#{i}", doc) for path in sorted(DEPLOY.glob("*.yaml"))
+            for i, doc in enumerate(yaml.safe_load_all(path.read_text())) if doc]
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == kind}
+
+
+def server_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    everything = pod.get("initContainers", []) + pod["containers"]
+    return [c for c in everything if "infinity" in c["image"]]
+
+
+def env(container: dict[str, Any], name: str, default: str) -> str:
+    return next((e["value"] for e in container.get("env", []) if e["name"] == name), default)
+
+
+def test_the_manifests_are_there() -> None:
+    kinds = sorted(doc["kind"] for _, doc in documents())
+    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "Service"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name,doc", documents(), ids=[name for name, _ in documents()])
+def test_valid_against_the_kubernetes_schema(name: str, doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("deployment", by_kind("Deployment").values(), ids=list(by_kind("Deployment")))
+def test_server_probes_resources_and_termination(deployment: dict[str, Any]) -> None:
+    pod = deployment["spec"]["template"]["spec"]
+    (server,) = server_containers(pod)
+    port = int(env(server, "INFINITY_PORT", "8080"))
+    probes = {kind: server[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+              if kind in server}
+    assert probes["livenessProbe"]["path"] == "/health/live"
+    assert {probes[kind]["path"] for kind in probes if kind != "livenessProbe"} == {"/health/ready"}
+    ports = {p["name"]: p["containerPort"] for p in server.get("ports", [])}
+    assert all(ports.get(p["port"], p["port"]) == port for p in probes.values())
+    # whole CPUs, requests == limits: Guaranteed QoS, and the server's default threads = the quota
+    resources = server["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert float(resources["limits"]["cpu"]).is_integer()
+    # SIGTERM: the preStop pause and the server's drain must fit in the grace period
+    pause = int(server.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", ["sleep", "0"])[1])
+    drain = int(env(server, "INFINITY_DRAIN_TIMEOUT", "30"))
+    assert pod["terminationGracePeriodSeconds"] > pause + drain
+    user = server.get("securityContext", {}).get("runAsUser", pod.get("securityContext", {}).get("runAsUser"))
+    assert user == 10001 and pod["securityContext"]["runAsNonRoot"]
+
+
+def test_nodes_offer_the_cpu_flags_of_the_artifact_target() -> None:
+    deployment = by_kind("Deployment")["infinity-minilm"]
+    preset = PRESETS[deployment["metadata"]["annotations"]["infinity.dev/target"]]
+    terms = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:
+        required = {e["key"] for e in term["matchExpressions"] if e["operator"] == "In" and e["values"] == ["true"]}
+        # Node Feature Discovery labels: avx512_vnni -> feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI
+        assert {f"feature.node.kubernetes.io/cpu-cpuid.{flag.replace('_', '').upper()}"
+                for flag in preset.required_cpu_flags} <= required
+
+
+def test_service_and_autoscaler_point_at_the_deployment() -> None:
+    deployment = by_kind("Deployment")["infinity-minilm"]
+    service, hpa = by_kind("Service")["infinity-minilm"], by_kind("HorizontalPodAutoscaler")["infinity-minilm"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "infinity-minilm"}
+    assert hpa["spec"]["minReplicas"] >= 2
+
+
+def test_the_sidecar_is_only_reachable_inside_the_pod() -> None:
+    pod = by_kind("Deployment")["search-api"]["spec"]["template"]["spec"]
+    (server,) = server_containers(pod)
+    assert server["restartPolicy"] == "Always"  # a native sidecar: starts before the app, stops after it
+    assert env(server, "INFINITY_HOST", "0.0.0.0") == "127.0.0.1"
+    (app,) = [c for c in pod["containers"] if c is not server]
+    port = env(server, "INFINITY_PORT", "8080")
+    assert env(app, "EMBEDDINGS_URL", "") == f"http://127.0.0.1:{port}/predict"
