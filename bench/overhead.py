@@ -1,12 +1,13 @@
 """In-process pipeline vs the same artifact over HTTP, at exact token counts, batch 1, concurrency 1.
 
-    python bench/overhead.py <artifact dir> [--seq 8 128] [--requests 200]
+    python -m bench.overhead <artifact dir> [--seq 8 128] [--requests 200]
 
 Both are measured in the same run, in alternating blocks per sequence length; the report is medians and ratios.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import statistics
@@ -17,25 +18,15 @@ from pathlib import Path
 
 import httpx
 
+from bench.loadgen import closed_loop
+from bench.texts import text_with_tokens
 from infinity.model import LoadedModel
-
-
-def text_with_tokens(model: LoadedModel, tokens: int) -> str:
-    words = max(tokens - 2, 1)
-    text = " ".join(["hello"] * words)
-    assert len(model.tokenizer.encode([text])[0]) == tokens, "the probe word must be one token"
-    return text
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> int:
@@ -70,11 +61,11 @@ def main() -> int:
                 raise RuntimeError("the server did not become ready")
             print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} {'HTTP/in-process':>16}")
             for seq in args.seq:
-                text = text_with_tokens(model, seq)
+                text = text_with_tokens(str(args.artifact / model.manifest.tokenizer.file), seq)
                 local, remote, compute = [], [], []
                 for _ in range(10):
                     model.predict(text)
-                    client.post(f"{url}/predict", json={"inputs": text})
+                asyncio.run(closed_loop(port, {"inputs": text}, 1, 10, 60))
                 # Alternating blocks, not single requests: a process's idle worker threads keep spinning
                 # for a moment after each run, which would tax whichever side ran next.
                 block = 25
@@ -85,12 +76,10 @@ def main() -> int:
                         model.predict(text)
                         local.append((time.perf_counter() - start) * 1000)
                     time.sleep(0.05)
-                    for _ in range(block):
-                        start = time.perf_counter()
-                        response = client.post(f"{url}/predict", json={"inputs": text})
-                        remote.append((time.perf_counter() - start) * 1000)
-                        response.raise_for_status()
-                        compute.append(float(response.headers["x-compute-time"]))
+                    result = asyncio.run(closed_loop(port, {"inputs": text}, 1, block, 60))
+                    assert not result.errors, result.errors
+                    remote += result.latencies_ms
+                    compute += result.compute_ms
                 a, b = statistics.median(local), statistics.median(remote)
                 print(f"{seq:>5} {a:>18.2f} {b:>12.2f} {statistics.median(compute):>14.2f} {b / a:>16.2f}")
     finally:

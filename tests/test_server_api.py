@@ -150,3 +150,15 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
     assert set(request["properties"]["parameters"]["properties"]) == {
         "aggregation_strategy", "ignore_labels", "truncate"}
     assert "x-compute-time" in spec["paths"]["/predict"]["post"]["responses"]["200"]["headers"]
+
+
+def test_small_and_large_requests_take_their_own_paths_to_the_same_answer(embeddings: TestClient,
+                                                                          minilm_fp32_artifact: Path) -> None:
+    from infinity.service import INLINE_CHARS
+
+    model = LoadedModel.load(minilm_fp32_artifact, threads=1)
+    small, large = TEXTS[:2], [LONG] * 4  # tokenized on the event loop / in the worker pool
+    assert sum(map(len, small)) <= INLINE_CHARS < sum(map(len, large))
+    for texts in (small, large):
+        response = embeddings.post("/predict", json={"inputs": texts})
+        np.testing.assert_allclose(np.array(response.json()), model.predict(texts), atol=1e-5)
