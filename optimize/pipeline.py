@@ -114,14 +114,15 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None
-            quantization, kept_float = _quantize_int8(options, preset.quantization, fused, final, evaluate, work, log)
-            if kept_float:
+            quantization, kept_float, full_int8 = _quantize_int8(options, preset.quantization, fused, final,
+                                                                 evaluate, work, log)
+            if kept_float and full_int8 is not None:
                 notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
                              "for parity")
                 # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
                 quantization["latency_ms_seq128"] = {
                     "fp32": median_latency_ms(fused, threads=options.threads),
-                    "full_int8": median_latency_ms(work / "full_int8.onnx", threads=options.threads),
+                    "full_int8": median_latency_ms(full_int8, threads=options.threads),
                     "final": median_latency_ms(final, threads=options.threads)}
                 log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
             if len(kept_float) == quantization["candidates"]:
@@ -172,20 +173,27 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
 
 
 def _quantize_int8(options: OptimizeOptions, config: QuantizationConfig, fused: Path, final: Path,
-                   evaluate: Callable[[Path], ParityResult], work: Path, log: Log) -> tuple[dict, list[str]]:
-    """Either search which nodes to keep in float, or reuse the layer roles another artifact kept."""
+                   evaluate: Callable[[Path], ParityResult], work: Path,
+                   log: Log) -> tuple[dict, list[str], Path | None]:
+    """Either search which nodes to keep in float, or reuse the layer roles another artifact kept.
+
+    Returns the quantization record, the nodes kept in float, and the all-INT8 graph when one was made.
+    """
     if options.keep_float_like is None:
         result = accuracy_aware_quantize(fused, final, config, evaluate, work, log)
         return ({**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
                  "kept_float": len(result.kept_float), "trials": result.trials,
-                 "full_int8_metrics": result.full_int8}, result.kept_float)
+                 "full_int8_metrics": result.full_int8}, result.kept_float, result.full_int8_model)
     candidates = quantizable_nodes(fused, config)
     kept_float = nodes_for_roles(candidates, kept_roles(options.keep_float_like))
-    quantize(fused, work / "full_int8.onnx", config)
     quantize(fused, final, config, exclude=kept_float)
+    full_int8 = None
+    if kept_float:
+        full_int8 = work / "full_int8.onnx"
+        quantize(fused, full_int8, config)
     log(f"  recipe from {options.keep_float_like}: {len(kept_float)} of {len(candidates)} nodes kept in float")
     return ({**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
-             "recipe_from": str(options.keep_float_like)}, kept_float)
+             "recipe_from": str(options.keep_float_like)}, kept_float, full_int8)
 
 
 def _to_fp16(src: Path, dst: Path) -> None:

@@ -22,6 +22,7 @@ class QuantizationResult:
     sensitivity: dict[str, float] = field(default_factory=dict)
     trials: int = 0
     full_int8: dict[str, float] = field(default_factory=dict)
+    full_int8_model: Path | None = None  # every candidate quantized, kept to weigh what the fallback costs
 
 
 def quantizable_nodes(model_path: Path, config: QuantizationConfig) -> list[str]:
@@ -47,12 +48,13 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
-    quantize(src, dst, config)
-    shutil.copy(dst, scratch / "full_int8.onnx")
-    full = evaluate(dst)
+    full_model = scratch / "full_int8.onnx"
+    quantize(src, full_model, config)
+    full = evaluate(full_model)
     result.trials += 1
-    result.full_int8 = full.metrics
+    result.full_int8, result.full_int8_model = full.metrics, full_model
     if full.passed:
+        shutil.copy(full_model, dst)
         return result
     log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes")
     trial = scratch / "trial.onnx"
