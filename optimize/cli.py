@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
           f"max length {manifest.tokenizer.max_length}")
     print(f"  size {opt.exported_bytes / 1e6:.1f} MB exported -> {manifest.model.size_bytes / 1e6:.1f} MB optimized")
     if opt.quantization:
+        outliers = opt.quantization.get("outliers", {})
+        split = (f"; {outliers['channels']} outlier input channels in float, {len(outliers['smoothed'])} attention "
+                 "inputs smoothed" if outliers.get("applied") else "")
         print(f"  quantized {opt.quantization['candidates'] - len(opt.kept_float)} of "
-              f"{opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity")
+              f"{opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity{split}")
     print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} probes: {metrics} "
           f"-> {'passed' if manifest.parity.passed else 'FAILED'}")
     print(f"  total {time.perf_counter() - start:.1f}s")

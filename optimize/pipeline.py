@@ -16,10 +16,9 @@ from infinity.tokenization import TextTokenizer
 from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
+from optimize.int8 import quantize_int8
 from optimize.parity import THRESHOLDS, ParityResult, check_thresholds, compare
-from optimize.presets import QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
-from optimize.quantize import accuracy_aware_quantize, quantizable_nodes, quantize
-from optimize.recipe import kept_roles, nodes_for_roles
+from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
 from optimize.source import load_source
 from optimize.speed import median_latency_ms
@@ -114,8 +113,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None
-            quantization, kept_float, full_int8 = _quantize_int8(options, preset.quantization, fused, final,
-                                                                 evaluate, work, log)
+            int8 = quantize_int8(fused, final, preset.quantization, options.task, evaluate, runner, work, log,
+                                 options.threads, options.keep_float_like)
+            quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model
             if kept_float and full_int8 is not None:
                 notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
                              "for parity")
@@ -170,30 +170,6 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         )
         manifest.save(staging)
     return manifest
-
-
-def _quantize_int8(options: OptimizeOptions, config: QuantizationConfig, fused: Path, final: Path,
-                   evaluate: Callable[[Path], ParityResult], work: Path,
-                   log: Log) -> tuple[dict, list[str], Path | None]:
-    """Either search which nodes to keep in float, or reuse the layer roles another artifact kept.
-
-    Returns the quantization record, the nodes kept in float, and the all-INT8 graph when one was made.
-    """
-    if options.keep_float_like is None:
-        result = accuracy_aware_quantize(fused, final, config, evaluate, work, log)
-        return ({**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
-                 "kept_float": len(result.kept_float), "trials": result.trials,
-                 "full_int8_metrics": result.full_int8}, result.kept_float, result.full_int8_model)
-    candidates = quantizable_nodes(fused, config)
-    kept_float = nodes_for_roles(candidates, kept_roles(options.keep_float_like))
-    quantize(fused, final, config, exclude=kept_float)
-    full_int8 = None
-    if kept_float:
-        full_int8 = work / "full_int8.onnx"
-        quantize(fused, full_int8, config)
-    log(f"  recipe from {options.keep_float_like}: {len(kept_float)} of {len(candidates)} nodes kept in float")
-    return ({**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
-             "recipe_from": str(options.keep_float_like)}, kept_float, full_int8)
 
 
 def _to_fp16(src: Path, dst: Path) -> None:

@@ -17,6 +17,7 @@ class QuantizationConfig:
     per_channel: bool = True
     reduce_range: bool = False
     op_types: tuple[str, ...] = ("MatMul", "Attention")
+    split_outliers: bool = True  # outlier input channels of each MatMul go through a small float MatMul
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:

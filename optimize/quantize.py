@@ -43,13 +43,16 @@ def quantize(src: Path, dst: Path, config: QuantizationConfig, include: list[str
 
 
 def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, evaluate: Evaluate,
-                            scratch: Path, log: Callable[[str], None] = print) -> QuantizationResult:
-    nodes = quantizable_nodes(src, config)
+                            scratch: Path, log: Callable[[str], None] = print,
+                            float_nodes: list[str] | None = None) -> QuantizationResult:
+    """`float_nodes` are never quantized nor counted as candidates (the outlier side paths)."""
+    always_float = list(float_nodes or [])
+    nodes = [name for name in quantizable_nodes(src, config) if name not in set(always_float)]
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
     full_model = scratch / "full_int8.onnx"
-    quantize(src, full_model, config)
+    quantize(src, full_model, config, exclude=always_float)
     full = evaluate(full_model)
     result.trials += 1
     result.full_int8, result.full_int8_model = full.metrics, full_model
@@ -65,7 +68,7 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
     order = sorted(nodes, key=lambda n: result.sensitivity[n])
 
     def passes(k: int) -> bool:
-        quantize(src, trial, config, exclude=order[:k])
+        quantize(src, trial, config, exclude=[*always_float, *order[:k]])
         result.trials += 1
         return evaluate(trial).passed
 
@@ -80,6 +83,6 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
         else:
             low = mid
     result.kept_float = order[:high]
-    quantize(src, dst, config, exclude=result.kept_float)
+    quantize(src, dst, config, exclude=[*always_float, *result.kept_float])
     log(f"  kept {high} of {len(nodes)} nodes in float after {result.trials} trials")
     return result

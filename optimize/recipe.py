@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from infinity.manifest import Manifest
@@ -38,3 +39,20 @@ def kept_roles(artifact: Path | str) -> set[tuple[int, str]]:
 def nodes_for_roles(nodes: list[str], roles: set[tuple[int, str]]) -> list[str]:
     """Nodes in the given roles, plus task heads (pooler, classifier): small, and outside any layer."""
     return [name for name in nodes if node_role(name) in roles or node_role(name) is None]
+
+
+@dataclass
+class OutlierLimits:
+    per_role: dict[tuple[int, str] | None, int]
+
+    def for_nodes(self, nodes: list[str]) -> dict[str, int]:
+        return {name: self.per_role[node_role(name)] for name in nodes if node_role(name) in self.per_role}
+
+
+def outlier_limits(artifact: Path | str) -> OutlierLimits | None:
+    """How many outlier channels the artifact split off per layer role; None where it split none off."""
+    quantization = Manifest.load(artifact).optimization.quantization or {}
+    outliers = quantization.get("outliers", {})
+    if not outliers.get("applied"):
+        return None
+    return OutlierLimits({node_role(name): count for name, count in outliers.get("per_node", {}).items()})

@@ -1,6 +1,7 @@
 """Task-level outputs of the original model (PyTorch FP32) and of an ONNX graph, on the same probes."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,21 @@ Outputs = list[np.ndarray]  # one array per probe: a vector, a probability row, 
 def probe_inputs(task: str) -> list[TextInput]:
     from optimize.probes import PAIRS, SINGLES
 
+    return _for_task(task, SINGLES, PAIRS)
+
+
+def calibration_inputs(task: str) -> list[TextInput]:
+    from optimize.probes import CALIBRATION_PAIRS, CALIBRATION_SINGLES
+
+    return _for_task(task, CALIBRATION_SINGLES, CALIBRATION_PAIRS)
+
+
+def _for_task(task: str, singles: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> list[TextInput]:
     if task == "ranking":
-        return list(PAIRS)
+        return list(pairs)
     if task == "sequence-classification":
-        return [*SINGLES, *PAIRS]
-    return list(SINGLES)
+        return [*singles, *pairs]
+    return list(singles)
 
 
 def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
@@ -93,18 +104,22 @@ class OnnxRunner:
             options.intra_op_num_threads = self.threads
         return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
+    def batches(self, inputs: list[TextInput]) -> Iterator[tuple[list[Any], dict[str, np.ndarray]]]:
+        """Padded batches of 8 as the server tokenizes them: (encodings, feeds for every model input)."""
+        for start in range(0, len(inputs), 8):
+            encoded = self.tokenizer.encode(inputs[start:start + 8])
+            batch = pad_batch(encoded, self.tokenizer.pad_id)
+            yield encoded, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                            "token_type_ids": batch.token_type_ids}
+
     def run(self, model_path: Path, inputs: list[TextInput]) -> Outputs:
         session = self.session(model_path)
         names = [i.name for i in session.get_inputs()]
         results: Outputs = []
-        for start in range(0, len(inputs), 8):
-            encoded = self.tokenizer.encode(inputs[start:start + 8])
-            batch = pad_batch(encoded, self.tokenizer.pad_id)
-            feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                     "token_type_ids": batch.token_type_ids}
+        for encoded, feeds in self.batches(inputs):
             out = session.run(None, {n: feeds[n] for n in names})[0].astype(np.float32)
             if self.task == "feature-extraction":
-                results.extend(pool(out, batch.attention_mask, self.facts.pooling or "mean"))
+                results.extend(pool(out, feeds["attention_mask"], self.facts.pooling or "mean"))
             elif self.task == "sequence-classification":
                 results.extend(activate(out, self.facts.score_activation or "softmax"))
             elif self.task == "ranking":

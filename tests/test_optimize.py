@@ -49,6 +49,12 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
         assert quantized == q["candidates"] - len(manifest.optimization.kept_float) > 0
         if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
             assert set(q["latency_ms_seq128"]) == {"fp32", "full_int8", "final"}
+        outliers = q["outliers"]
+        if outliers["applied"]:  # each split MatMul has one float side path; nothing else float but kept nodes
+            assert outliers["calibration_inputs"] >= 10 and outliers["channels"] >= outliers["nodes"] > 0
+            assert ops["Gather"] >= outliers["nodes"]
+            kept_matmuls = sum(1 for name in manifest.optimization.kept_float if not name.startswith("Attention"))
+            assert ops["MatMul"] == outliers["nodes"] + kept_matmuls
     else:
         assert not QUANTIZED_OPS & set(ops)
         assert manifest.optimization.quantization is None and manifest.target.required_cpu_flags == []

@@ -17,3 +17,18 @@ def test_bert_and_distilbert_nodes_map_to_the_same_roles():
 def test_a_recipe_carries_layer_roles_and_keeps_heads_float():
     kept = nodes_for_roles(DISTILBERT, {(0, "ffn_out"), (3, "ffn_in")})
     assert kept == ["/model/distilbert/transformer/layer.0/ffn/lin2/MatMul", "/model/pre_classifier/Gemm_MatMul"]
+
+
+def test_outlier_channel_counts_carry_by_role():
+    from optimize.recipe import OutlierLimits, node_role
+
+    limits = OutlierLimits({node_role(MINILM[2]): 5, node_role(MINILM[3]): 16})
+    assert limits.for_nodes(DISTILBERT) == {DISTILBERT[2]: 5, DISTILBERT[3]: 16}
+
+
+def test_calibration_texts_are_not_the_probes():
+    from optimize.reference import calibration_inputs, probe_inputs
+
+    for task in ("feature-extraction", "sequence-classification", "ranking", "token-classification"):
+        calibration, probes = calibration_inputs(task), probe_inputs(task)
+        assert len(calibration) >= 10 and not set(calibration) & set(probes)

@@ -1,0 +1,116 @@
+"""The INT8 recipe: plain or with outlier channels split off, searched for parity, or carried from another artifact."""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from optimize.outliers import activation_ranges, split_outliers
+from optimize.parity import ParityResult
+from optimize.presets import QuantizationConfig
+from optimize.quantize import accuracy_aware_quantize, quantizable_nodes, quantize
+from optimize.recipe import kept_roles, nodes_for_roles, outlier_limits
+from optimize.reference import OnnxRunner, calibration_inputs
+
+Evaluate = Callable[[Path], ParityResult]
+Log = Callable[[str], None]
+
+
+@dataclass
+class Int8Result:
+    record: dict[str, Any]
+    kept_float: list[str]
+    full_int8_model: Path | None  # every candidate quantized, when some node was kept float
+
+
+@dataclass
+class _Graph:
+    path: Path
+    float_nodes: list[str]  # outlier side paths, never quantized
+    outliers: dict[str, Any]
+
+
+def float_weight_params(model_path: Path, nodes: list[str]) -> int:
+    """Weights the given nodes multiply by: what stays float (and is read at fp32 width) when they are kept."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    sizes = {init.name: int(np.prod(init.dims)) for init in graph.initializer}
+    wanted = set(nodes)
+    return sum(sizes.get(node.input[1], 0) for node in graph.node if node.name in wanted and len(node.input) > 1)
+
+
+def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate,
+                  runner: OnnxRunner, work: Path, log: Log, threads: int = 0,
+                  keep_float_like: Path | None = None) -> Int8Result:
+    """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
+    quantizes everything, on the plain graph too, keeping whichever leaves fewer weights in float."""
+    plain = _Graph(src, [], {"applied": False})
+    if keep_float_like is not None:
+        return _carry(plain, dst, config, task, runner, work, log, threads, keep_float_like)
+    quantize(src, work / "plain_int8.onnx", config)
+    if evaluate(work / "plain_int8.onnx").passed or not config.split_outliers:
+        return _search(plain, dst, config, evaluate, work / "plain", log)
+    split = _split(src, work / "split.onnx", config, task, runner, log, threads)
+    with_split = _search(split, work / "split" / "final.onnx", config, evaluate, work / "split", log)
+    chosen = with_split
+    if with_split.kept_float:
+        log("  searching again without the outlier split, to keep whichever leaves fewer weights in float")
+        without = _search(plain, work / "plain" / "final.onnx", config, evaluate, work / "plain", log)
+        costs = {"split": float_weight_params(split.path, [*with_split.kept_float, *split.float_nodes]),
+                 "plain": float_weight_params(src, without.kept_float)}
+        if costs["plain"] < costs["split"]:
+            chosen = without
+            without.record["outliers"] = {**split.outliers, "applied": False,
+                                          "reason": "the search without it kept fewer weights in float"}
+        chosen.record["float_weight_params"] = costs
+        log(f"  weights kept in float: {costs['split']:,} with the split, {costs['plain']:,} without")
+    shutil.copy(work / ("split" if chosen is with_split else "plain") / "final.onnx", dst)
+    return chosen
+
+
+def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, log: Log,
+           threads: int, limits: dict[str, int] | None = None) -> _Graph:
+    calibration = calibration_inputs(task)
+    ranges = activation_ranges(src, quantizable_nodes(src, config),
+                               (feeds for _, feeds in runner.batches(calibration)), threads)
+    split = split_outliers(src, dst, ranges, limits)
+    record = {**split.to_dict(), "calibration_inputs": len(calibration), "applied": True}
+    log(f"  outliers: {record['channels']} input channels of {record['nodes']} MatMuls kept in float, "
+        f"{len(split.smoothed)} Attention inputs smoothed (calibrated on {len(calibration)} inputs apart from the "
+        "probes)")
+    return _Graph(dst, split.float_nodes, record)
+
+
+def _search(graph: _Graph, dst: Path, config: QuantizationConfig, evaluate: Evaluate, scratch: Path,
+            log: Log) -> Int8Result:
+    scratch.mkdir(exist_ok=True)
+    result = accuracy_aware_quantize(graph.path, dst, config, evaluate, scratch, log, graph.float_nodes)
+    record = {**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
+              "kept_float": len(result.kept_float), "trials": result.trials, "full_int8_metrics": result.full_int8,
+              "outliers": graph.outliers}
+    return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
+
+
+def _carry(plain: _Graph, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, work: Path,
+           log: Log, threads: int, artifact: Path) -> Int8Result:
+    """Another artifact's recipe on this model: its outlier channel counts and float-kept roles, no search."""
+    graph = plain
+    limits = outlier_limits(artifact)
+    if limits is not None:
+        nodes = quantizable_nodes(plain.path, config)
+        graph = _split(plain.path, work / "split.onnx", config, task, runner, log, threads, limits.for_nodes(nodes))
+    candidates = [name for name in quantizable_nodes(graph.path, config) if name not in set(graph.float_nodes)]
+    kept_float = nodes_for_roles(candidates, kept_roles(artifact))
+    quantize(graph.path, dst, config, exclude=[*graph.float_nodes, *kept_float])
+    full_int8 = None
+    if kept_float:
+        full_int8 = work / "full_int8.onnx"
+        quantize(graph.path, full_int8, config, exclude=graph.float_nodes)
+    log(f"  recipe from {artifact}: {len(kept_float)} of {len(candidates)} nodes kept in float")
+    record = {**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
+              "recipe_from": str(artifact), "outliers": graph.outliers}
+    return Int8Result(record, kept_float, full_int8)
