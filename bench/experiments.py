@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.model import build_distilbert_base
-from bench.run import RESULTS, WORK
+from bench.run import RESULTS, WORK, prepare
 from optimize.speed import cpu_session, median_ms
 
 SEQS = (8, 128)
@@ -44,9 +44,8 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
         if not path.is_file():
             quantize(src, path, config)
         variants[name] = path
-    artifact = WORK / "distilbert-base-auto" / "model.onnx"
-    if artifact.is_file():
-        variants["int8 served artifact (MiniLM's float-kept roles)"] = artifact
+    _, artifact = prepare()
+    variants["int8 served artifact (MiniLM's recipe: outlier split + float-kept roles)"] = artifact / "model.onnx"
     return variants
 
 

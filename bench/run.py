@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import hashlib
 import os
 import platform
 import socket
@@ -22,6 +23,8 @@ import time
 from pathlib import Path
 
 import orjson
+
+import optimize
 
 from bench.loadgen import LoadResult, closed_loop
 from bench.model import build_distilbert_base
@@ -59,16 +62,25 @@ def run_step(command: list[str]) -> None:
     subprocess.run(command, check=True)
 
 
-def prepare(cores: int) -> tuple[Path, Path]:
+def optimizer_digest() -> str:
+    """Names cached artifacts after the optimizer's code, so a changed recipe is never benchmarked stale."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(optimize.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def prepare() -> tuple[Path, Path]:
     """The bench model, and our artifact of it built with the INT8 recipe that passed parity on MiniLM."""
     model = build_distilbert_base(WORK / "distilbert-base")
-    minilm, artifact = WORK / "minilm-auto", WORK / "distilbert-base-auto"
-    optimize = [sys.executable, "-m", "optimize", "optimize"]
+    version = optimizer_digest()
+    minilm, artifact = WORK / f"minilm-auto-{version}", WORK / f"distilbert-base-auto-{version}"
+    command = [sys.executable, "-m", "optimize", "optimize"]
     if not (minilm / "manifest.json").is_file():
-        run_step([*optimize, "--target", "auto", "--out", str(minilm)])
+        run_step([*command, "--target", "auto", "--out", str(minilm)])
     if not (artifact / "manifest.json").is_file():
         # Random weights make parity meaningless here (near-tied logits); the recipe is the one MiniLM passed with.
-        run_step([*optimize, str(model), "--task", "sequence-classification", "--target", "auto",
+        run_step([*command, str(model), "--task", "sequence-classification", "--target", "auto",
                   "--keep-float-like", str(minilm), "--allow-failed-parity", "--out", str(artifact)])
     return model, artifact
 
@@ -257,7 +269,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    model_dir, artifact = prepare(args.cores)
+    model_dir, artifact = prepare()
     seqs = [8, 32, 128, 512] if args.quick else SEQS
     rounds, seconds, max_requests = (2, 2.0, 300) if args.quick else (4, 4.0, 1000)
 
