@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threshold", action="append", default=[], metavar="METRIC=VALUE", type=_threshold,
                      help="override a parity threshold, e.g. cosine_min=0.995 (repeatable)")
     run.add_argument("--keep-float-like", type=Path, default=None, metavar="ARTIFACT",
-                     help="INT8: keep in float the same layers and roles as this parity-tested artifact, "
-                          "instead of searching (for models of the same depth)")
+                     help="INT8: reuse this parity-tested artifact's recipe instead of searching: as many outlier "
+                          "channels per layer role, and the same layers and roles kept in float (models of the "
+                          "same depth)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
