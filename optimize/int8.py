@@ -51,9 +51,13 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
     plain = _Graph(src, [], {"applied": False})
     if keep_float_like is not None:
         return _carry(plain, dst, config, task, runner, work, log, threads, keep_float_like)
+    if not config.split_outliers:
+        return _search(_Graph(src, [], {"applied": False, "reason": "disabled in the preset"}), dst, config,
+                       evaluate, work / "plain", log)
     quantize(src, work / "plain_int8.onnx", config)
-    if evaluate(work / "plain_int8.onnx").passed or not config.split_outliers:
-        return _search(plain, dst, config, evaluate, work / "plain", log)
+    if evaluate(work / "plain_int8.onnx").passed:
+        return _search(_Graph(src, [], {"applied": False, "reason": "full INT8 passed without it"}), dst, config,
+                       evaluate, work / "plain", log)
     split = _split(src, work / "split.onnx", config, task, runner, log, threads)
     with_split = _search(split, work / "split" / "final.onnx", config, evaluate, work / "split", log)
     chosen = with_split
@@ -98,7 +102,7 @@ def _search(graph: _Graph, dst: Path, config: QuantizationConfig, evaluate: Eval
 def _carry(plain: _Graph, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, work: Path,
            log: Log, threads: int, artifact: Path) -> Int8Result:
     """Another artifact's recipe on this model: its outlier channel counts and float-kept roles, no search."""
-    graph = plain
+    graph = _Graph(plain.path, [], {"applied": False, "reason": f"not applied in {artifact}"})
     limits = outlier_limits(artifact)
     if limits is not None:
         nodes = quantizable_nodes(plain.path, config)
