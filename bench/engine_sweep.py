@@ -35,7 +35,7 @@ def measure(model: LoadedModel, text: str, batch: int, seconds: float, max_calls
 
 
 def sweep(artifact: Path, cores: list[int], seqs: list[int], batches: list[int], seconds: float = 2.0,
-          max_calls: int = 500, spin_wait: bool = False) -> list[dict[str, float]]:
+          max_calls: int = 500, spin_wait: bool = True) -> list[dict[str, float]]:
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rows = []
     for n in [c for c in cores if c <= available]:
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 384, 512])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--seconds", type=float, default=2.0, help="time budget per configuration")
-    parser.add_argument("--spin-wait", action="store_true")
+    parser.add_argument("--spin-wait", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
     rows = sweep(args.artifact, args.cores, args.seq, args.batch, args.seconds, spin_wait=args.spin_wait)

@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("--seq", type=int, nargs="+", default=[8, 128])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--spin-wait", action="store_true", help="let ONNX Runtime workers busy-wait, both sides")
+    parser.add_argument("--spin-wait", action=argparse.BooleanOptionalAction, default=True,
+                        help="let ONNX Runtime workers busy-wait briefly, both sides (the server's default)")
     args = parser.parse_args()
 
     port = free_port()
@@ -43,8 +44,8 @@ def main() -> int:
     command = [sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port)]
     if args.threads:
         command += ["--threads", str(args.threads)]
-    if args.spin_wait:
-        command.append("--spin-wait")
+    if not args.spin_wait:
+        command.append("--no-spin-wait")
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         model = LoadedModel.load(args.artifact, threads=args.threads, spin_wait=args.spin_wait)

@@ -24,7 +24,8 @@ HELP = {
     "host": "address to bind",
     "port": "port to bind",
     "threads": "ONNX Runtime intra-op threads (default: physical cores)",
-    "spin_wait": "let ONNX Runtime's idle workers busy-wait (lower latency on dedicated cores, costly when shared)",
+    "spin_wait": "let ONNX Runtime's workers busy-wait briefly between runs (lower latency on dedicated cores; "
+                 "turn off where the cores are shared, e.g. a sidecar)",
     "max_batch_tokens": "padded tokens (rows x longest input) per batch",
     "max_batch_size": "rows per batch",
     "max_queue": "requests waiting for the engine before new ones get 429",
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help = f"{HELP[field.name]} [env {env}, default {field.default}]"
         if _kind(field) is bool:
             serve.add_argument(flag, dest=field.name, action="store_const", const="true", default=None, help=help)
+            serve.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const="false",
+                               help=f"turn {flag} off" if field.default else argparse.SUPPRESS)
         else:
             serve.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help)
     return parser

@@ -16,7 +16,7 @@ class EngineError(RuntimeError):
 
 class Engine:
     def __init__(self, directory: Path | str, manifest: Manifest, threads: int | None = None,
-                 providers: list[str] | None = None, spin_wait: bool = False) -> None:
+                 providers: list[str] | None = None, spin_wait: bool = True) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -24,7 +24,7 @@ class Engine:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         if not spin_wait:
-            # Idle workers sleep instead of spinning, leaving the cores to the event loop and tokenizers.
+            # Idle workers sleep at once instead of spinning: for cores shared with other processes.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers or manifest.target.providers
         provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]

@@ -23,7 +23,7 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
-             verify: bool = True, spin_wait: bool = False) -> "LoadedModel":
+             verify: bool = True, spin_wait: bool = True) -> "LoadedModel":
         directory = Path(directory)
         manifest = Manifest.load(directory)
         if verify:

@@ -11,7 +11,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     threads: int | None = None  # ONNX Runtime intra-op threads; None: physical cores
-    spin_wait: bool = False  # ONNX Runtime workers busy-wait between runs
+    spin_wait: bool = True  # ONNX Runtime workers busy-wait briefly between runs
     max_batch_tokens: int = 16384  # padded tokens (rows x longest) per batch
     max_batch_size: int = 32  # rows per batch
     max_queue: int = 128  # requests waiting for the engine

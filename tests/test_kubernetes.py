@@ -98,3 +98,15 @@ def test_the_sidecar_is_only_reachable_inside_the_pod() -> None:
     (app,) = [c for c in pod["containers"] if c is not server]
     port = env(server, "INFINITY_PORT", "8080")
     assert env(app, "EMBEDDINGS_URL", "") == f"http://127.0.0.1:{port}/predict"
+
+
+def test_every_server_variable_is_a_setting_the_server_parses() -> None:
+    from infinity.cli import build_parser, settings_from
+
+    for deployment in by_kind("Deployment").values():
+        for server in server_containers(deployment["spec"]["template"]["spec"]):
+            variables = {e["name"]: e["value"] for e in server.get("env", []) if e["name"].startswith("INFINITY_")}
+            assert variables
+            parsed = settings_from(build_parser().parse_args(["serve", "/model"]), variables)
+            for name in variables:
+                assert hasattr(parsed, name.removeprefix("INFINITY_").lower()), name

@@ -31,6 +31,14 @@ def test_flags_win_over_environment_which_wins_over_defaults() -> None:
     assert parsed.max_batch_size == Settings().max_batch_size and parsed.threads is None
 
 
+def test_a_setting_that_defaults_on_can_be_turned_off_by_flag_or_environment() -> None:
+    assert settings([]).spin_wait is True
+    assert settings(["--no-spin-wait"]).spin_wait is False
+    assert settings([], {"INFINITY_SPIN_WAIT": "false"}).spin_wait is False
+    assert settings(["--spin-wait"], {"INFINITY_SPIN_WAIT": "false"}).spin_wait is True
+    assert settings(["--no-access-log"], {"INFINITY_ACCESS_LOG": "true"}).access_log is False
+
+
 @pytest.mark.parametrize(("argv", "environ", "message"), [
     (["--port", "eighty"], {}, "--port must be an integer"),
     ([], {"INFINITY_ALLOW_CPU_MISMATCH": "maybe"}, "INFINITY_ALLOW_CPU_MISMATCH must be true or false"),
