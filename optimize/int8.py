@@ -48,28 +48,28 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
                   keep_float_like: Path | None = None) -> Int8Result:
     """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
     quantizes everything, on the plain graph too, keeping whichever leaves fewer weights in float."""
-    plain = _Graph(src, [], {"applied": False})
     if keep_float_like is not None:
-        return _carry(plain, dst, config, task, runner, work, log, threads, keep_float_like)
+        return _carry(src, dst, config, task, runner, work, log, threads, keep_float_like)
     if not config.split_outliers:
         return _search(_Graph(src, [], {"applied": False, "reason": "disabled in the preset"}), dst, config,
                        evaluate, work / "plain", log)
-    quantize(src, work / "plain_int8.onnx", config)
-    if evaluate(work / "plain_int8.onnx").passed:
+    plain_int8 = work / "plain_int8.onnx"
+    quantize(src, plain_int8, config)
+    if evaluate(plain_int8).passed:
         return _search(_Graph(src, [], {"applied": False, "reason": "full INT8 passed without it"}), dst, config,
-                       evaluate, work / "plain", log)
+                       evaluate, work / "plain", log, plain_int8)
     split = _split(src, work / "split.onnx", config, task, runner, log, threads)
     with_split = _search(split, work / "split" / "final.onnx", config, evaluate, work / "split", log)
     chosen = with_split
     if with_split.kept_float:
         log("  searching again without the outlier split, to keep whichever leaves fewer weights in float")
-        without = _search(plain, work / "plain" / "final.onnx", config, evaluate, work / "plain", log)
+        without = _search(_Graph(src, [], {**split.outliers, "applied": False,
+                                           "reason": "the search without it kept fewer weights in float"}),
+                          work / "plain" / "final.onnx", config, evaluate, work / "plain", log, plain_int8)
         costs = {"split": float_weight_params(split.path, [*with_split.kept_float, *split.float_nodes]),
                  "plain": float_weight_params(src, without.kept_float)}
         if costs["plain"] < costs["split"]:
             chosen = without
-            without.record["outliers"] = {**split.outliers, "applied": False,
-                                          "reason": "the search without it kept fewer weights in float"}
         chosen.record["float_weight_params"] = costs
         log(f"  weights kept in float: {costs['split']:,} with the split, {costs['plain']:,} without")
     shutil.copy(work / ("split" if chosen is with_split else "plain") / "final.onnx", dst)
@@ -90,23 +90,23 @@ def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: 
 
 
 def _search(graph: _Graph, dst: Path, config: QuantizationConfig, evaluate: Evaluate, scratch: Path,
-            log: Log) -> Int8Result:
+            log: Log, full_model: Path | None = None) -> Int8Result:
     scratch.mkdir(exist_ok=True)
-    result = accuracy_aware_quantize(graph.path, dst, config, evaluate, scratch, log, graph.float_nodes)
+    result = accuracy_aware_quantize(graph.path, dst, config, evaluate, scratch, log, graph.float_nodes, full_model)
     record = {**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
               "kept_float": len(result.kept_float), "trials": result.trials, "full_int8_metrics": result.full_int8,
               "outliers": graph.outliers}
     return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
 
 
-def _carry(plain: _Graph, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, work: Path,
+def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, work: Path,
            log: Log, threads: int, artifact: Path) -> Int8Result:
     """Another artifact's recipe on this model: its outlier channel counts and float-kept roles, no search."""
-    graph = _Graph(plain.path, [], {"applied": False, "reason": f"not applied in {artifact}"})
+    graph = _Graph(src, [], {"applied": False, "reason": f"not applied in {artifact}"})
     limits = outlier_limits(artifact)
     if limits is not None:
-        nodes = quantizable_nodes(plain.path, config)
-        graph = _split(plain.path, work / "split.onnx", config, task, runner, log, threads, limits.for_nodes(nodes))
+        nodes = quantizable_nodes(src, config)
+        graph = _split(src, work / "split.onnx", config, task, runner, log, threads, limits.for_nodes(nodes))
     candidates = [name for name in quantizable_nodes(graph.path, config) if name not in set(graph.float_nodes)]
     kept_float = nodes_for_roles(candidates, kept_roles(artifact))
     quantize(graph.path, dst, config, exclude=[*graph.float_nodes, *kept_float])

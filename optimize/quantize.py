@@ -44,15 +44,17 @@ def quantize(src: Path, dst: Path, config: QuantizationConfig, include: list[str
 
 def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, evaluate: Evaluate,
                             scratch: Path, log: Callable[[str], None] = print,
-                            float_nodes: list[str] | None = None) -> QuantizationResult:
-    """`float_nodes` are never quantized nor counted as candidates (the outlier side paths)."""
+                            float_nodes: list[str] | None = None, full_model: Path | None = None) -> QuantizationResult:
+    """`float_nodes` are never quantized nor counted as candidates (the outlier side paths); `full_model` is the
+    all-INT8 graph when the caller has already made it."""
     always_float = list(float_nodes or [])
     nodes = [name for name in quantizable_nodes(src, config) if name not in set(always_float)]
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
-    full_model = scratch / "full_int8.onnx"
-    quantize(src, full_model, config, exclude=always_float)
+    if full_model is None:
+        full_model = scratch / "full_int8.onnx"
+        quantize(src, full_model, config, exclude=always_float)
     full = evaluate(full_model)
     result.trials += 1
     result.full_int8, result.full_int8_model = full.metrics, full_model
