@@ -14,7 +14,7 @@ from optimize.outliers import activation_ranges, split_outliers
 from optimize.parity import ParityResult
 from optimize.presets import QuantizationConfig
 from optimize.quantize import accuracy_aware_quantize, quantizable_nodes, quantize
-from optimize.recipe import kept_roles, nodes_for_roles, outlier_limits
+from optimize.recipe import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.reference import OnnxRunner, calibration_inputs
 
 Evaluate = Callable[[Path], ParityResult]
@@ -77,11 +77,11 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
 
 
 def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, log: Log,
-           threads: int, limits: dict[str, int] | None = None) -> _Graph:
+           threads: int, limits: OutlierLimits | None = None) -> _Graph:
     calibration = calibration_inputs(task)
-    ranges = activation_ranges(src, quantizable_nodes(src, config),
-                               (feeds for _, feeds in runner.batches(calibration)), threads)
-    split = split_outliers(src, dst, ranges, limits)
+    nodes = quantizable_nodes(src, config)
+    ranges = activation_ranges(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads)
+    split = split_outliers(src, dst, ranges, None if limits is None else limits.for_nodes(nodes))
     record = {**split.to_dict(), "calibration_inputs": len(calibration), "applied": True}
     log(f"  outliers: {record['channels']} input channels of {record['nodes']} MatMuls kept in float, "
         f"{len(split.smoothed)} Attention inputs smoothed (calibrated on {len(calibration)} inputs apart from the "
@@ -105,9 +105,9 @@ def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: 
     graph = _Graph(src, [], {"applied": False, "reason": f"not applied in {artifact}"})
     limits = outlier_limits(artifact)
     if limits is not None:
-        nodes = quantizable_nodes(src, config)
-        graph = _split(src, work / "split.onnx", config, task, runner, log, threads, limits.for_nodes(nodes))
-    candidates = [name for name in quantizable_nodes(graph.path, config) if name not in set(graph.float_nodes)]
+        graph = _split(src, work / "split.onnx", config, task, runner, log, threads, limits)
+    side_paths = set(graph.float_nodes)
+    candidates = [name for name in quantizable_nodes(graph.path, config) if name not in side_paths]
     kept_float = nodes_for_roles(candidates, kept_roles(artifact))
     quantize(graph.path, dst, config, exclude=[*graph.float_nodes, *kept_float])
     full_int8 = None

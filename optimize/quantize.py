@@ -48,7 +48,8 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
     """`float_nodes` are never quantized nor counted as candidates (the outlier side paths); `full_model` is the
     all-INT8 graph when the caller has already made it."""
     always_float = list(float_nodes or [])
-    nodes = [name for name in quantizable_nodes(src, config) if name not in set(always_float)]
+    skipped = set(always_float)
+    nodes = [name for name in quantizable_nodes(src, config) if name not in skipped]
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
