@@ -151,3 +151,24 @@ def test_gpu_artifacts_have_fp16_weights_and_provider_settings(artifact_for, tar
         assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256,token_type_ids:32x256"
     else:
         assert manifest.target.providers[0] == "CUDAExecutionProvider"
+
+
+def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_artifact, artifacts, tmp_path):
+    from optimize.pipeline import OptimizeOptions, optimize
+    from optimize.recipe import node_role
+
+    out = tmp_path / "carried"
+    manifest = optimize(OptimizeOptions(model=str(artifacts.source("distilbert-tiny")), task="sequence-classification",
+                                        out=out, target="icelake", keep_float_like=minilm_int8_artifact,
+                                        allow_failed_parity=True), log=lambda _: None)
+    source = Manifest.load(minilm_int8_artifact).optimization.quantization["outliers"]
+    carried = manifest.optimization.quantization
+    assert carried["recipe_from"] == str(minilm_int8_artifact)
+    assert carried["outliers"]["applied"] is source["applied"]
+    if source["applied"]:
+        by_role = {node_role(name): count for name, count in source["per_node"].items()}
+        assert carried["outliers"]["per_node"]
+        for name, count in carried["outliers"]["per_node"].items():
+            assert count == by_role[node_role(name)], name
+        ops = op_counts(out / "model.onnx")
+        assert ops["Gather"] >= carried["outliers"]["nodes"]
