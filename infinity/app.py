@@ -98,7 +98,12 @@ async def predict(request: Request) -> Response:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"the body is not valid JSON: {exc}") from None
-    prediction = await until_disconnect(request, asyncio.ensure_future(service.predict(payload)))
+    if service.batcher.idle:
+        # The request starts as soon as it is tokenized, and a running batch is never cancelled anyway:
+        # watching for a disconnect would only cost two more tasks per request.
+        prediction = await service.predict(payload)
+    else:
+        prediction = await until_disconnect(request, asyncio.ensure_future(service.predict(payload)))
     if prediction is None:
         log.info("client disconnected before its answer was ready")
         return Response(status_code=499)

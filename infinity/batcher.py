@@ -89,6 +89,11 @@ class Batcher:
         return len(self._queue)
 
     @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running: a request submitted now starts at once."""
+        return not self._queue and not self._running
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

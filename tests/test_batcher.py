@@ -185,6 +185,27 @@ def test_a_cancelled_request_is_dropped_before_it_costs_compute() -> None:
     run(main)
 
 
+def test_idle_means_nothing_queued_and_nothing_running() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        assert batcher.idle
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        assert not batcher.idle and batcher.depth == 0  # running, nothing queued
+        queued = asyncio.ensure_future(batcher.submit([item(2, 2)]))
+        await until(lambda: batcher.depth == 1)
+        assert not batcher.idle
+        step.release.set()
+        await asyncio.gather(running, queued)
+        await until(lambda: batcher.idle)
+        await batcher.close(1.0)
+
+    run(main)
+
+
 def test_close_drains_queued_work_then_refuses_new_work() -> None:
     step = FakeStep()
 
