@@ -29,6 +29,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def compare(port: int, model: LoadedModel, text: str, requests: int, block: int = 25) -> dict[str, float]:
+    """In-process pipeline p50 vs HTTP p50 for one text, in alternating blocks of `block` calls each.
+
+    Short blocks, not one long run per side: on a shared machine the speed drifts over seconds, and
+    both medians must see the same drift.
+    """
+    for _ in range(10):
+        model.predict(text)
+    asyncio.run(closed_loop(port, {"inputs": text}, 1, 10, 60))
+    local: list[float] = []
+    remote: list[float] = []
+    compute: list[float] = []
+    for _ in range(max(1, requests // block)):
+        # A pause between sides: a process's idle worker threads keep spinning for a moment after each run.
+        time.sleep(0.05)
+        for _ in range(block):
+            start = time.perf_counter()
+            model.predict(text)
+            local.append((time.perf_counter() - start) * 1000)
+        time.sleep(0.05)
+        result = asyncio.run(closed_loop(port, {"inputs": text}, 1, block, 60))
+        if result.errors:
+            raise RuntimeError(f"HTTP errors: {result.errors}")
+        remote += result.latencies_ms
+        compute += result.compute_ms
+    a, b = statistics.median(local), statistics.median(remote)
+    return {"in_process_p50_ms": a, "http_p50_ms": b, "compute_p50_ms": statistics.median(compute),
+            "ratio": b / a, "requests": len(remote)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("artifact", type=Path)
@@ -63,26 +93,9 @@ def main() -> int:
             print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} {'HTTP/in-process':>16}")
             for seq in args.seq:
                 text = text_with_tokens(str(args.artifact / model.manifest.tokenizer.file), seq)
-                local, remote, compute = [], [], []
-                for _ in range(10):
-                    model.predict(text)
-                asyncio.run(closed_loop(port, {"inputs": text}, 1, 10, 60))
-                # Alternating blocks, not single requests: a process's idle worker threads keep spinning
-                # for a moment after each run, which would tax whichever side ran next.
-                block = 25
-                for _ in range(max(1, args.requests // block)):
-                    time.sleep(0.05)
-                    for _ in range(block):
-                        start = time.perf_counter()
-                        model.predict(text)
-                        local.append((time.perf_counter() - start) * 1000)
-                    time.sleep(0.05)
-                    result = asyncio.run(closed_loop(port, {"inputs": text}, 1, block, 60))
-                    assert not result.errors, result.errors
-                    remote += result.latencies_ms
-                    compute += result.compute_ms
-                a, b = statistics.median(local), statistics.median(remote)
-                print(f"{seq:>5} {a:>18.2f} {b:>12.2f} {statistics.median(compute):>14.2f} {b / a:>16.2f}")
+                row = compare(port, model, text, args.requests)
+                print(f"{seq:>5} {row['in_process_p50_ms']:>18.2f} {row['http_p50_ms']:>12.2f} "
+                      f"{row['compute_p50_ms']:>14.2f} {row['ratio']:>16.2f}")
     finally:
         server.terminate()
         server.wait(timeout=30)
