@@ -160,11 +160,16 @@ def overhead(ours: Server, local: LoadedModel, tokenizer_json: str, seqs: list[i
     return rows
 
 
-def batching(ours: Server, tokenizer_json: str, seconds: float, max_requests: int) -> dict:
+def batching(ours: Server, tokenizer_json: str, rounds: int, seconds: float, max_requests: int) -> dict:
+    """Concurrency 16 vs concurrency 1 at seq 16, in alternating blocks so both see the same machine."""
     payload = {"inputs": text_with_tokens(tokenizer_json, 16)}
-    single = asyncio.run(closed_loop(ours.port, payload, 1, max_requests, seconds)).summary()
-    time.sleep(0.3)
-    sixteen = asyncio.run(closed_loop(ours.port, payload, 16, max_requests * 4, seconds)).summary()
+    ones, sixteens = [], []
+    for _ in range(rounds):
+        time.sleep(0.3)
+        ones.append(asyncio.run(closed_loop(ours.port, payload, 1, max_requests, seconds)))
+        time.sleep(0.3)
+        sixteens.append(asyncio.run(closed_loop(ours.port, payload, 16, max_requests * 4, seconds)))
+    single, sixteen = merge(ones).summary(), merge(sixteens).summary()
     result = {"seq": 16, "concurrency_1": single, "concurrency_16": sixteen,
               "throughput_gain": sixteen["throughput_rps"] / single["throughput_rps"],
               "p99_over_p50_at_16": sixteen["p99_ms"] / sixteen["p50_ms"]}
@@ -309,7 +314,7 @@ def main() -> int:
         }
         data["side_by_side"] = side_by_side(ours, vanilla, tokenizer_json, seqs, rounds, seconds, max_requests)
         data["overhead"] = overhead(ours, local, tokenizer_json, seqs, 100 if args.quick else 200)
-        data["batching"] = batching(ours, tokenizer_json, seconds * 2, max_requests)
+        data["batching"] = batching(ours, tokenizer_json, rounds, seconds, max_requests)
     finally:
         ours.stop()
         vanilla.stop()
