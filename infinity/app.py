@@ -99,8 +99,8 @@ async def predict(request: Request) -> Response:
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"the body is not valid JSON: {exc}") from None
     if service.batcher.idle:
-        # The request starts as soon as it is tokenized, and a running batch is never cancelled anyway:
-        # watching for a disconnect would only cost two more tasks per request.
+        # Nothing to wait behind: the request almost surely starts once tokenized, and a running batch is
+        # never cancelled, so watching for a disconnect would buy little and cost two tasks per request.
         prediction = await service.predict(payload)
     else:
         prediction = await until_disconnect(request, asyncio.ensure_future(service.predict(payload)))
