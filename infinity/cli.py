@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -38,6 +39,8 @@ HELP = {
     "allow_failed_parity": "serve an artifact whose parity check failed",
     "log_level": "debug, info, warning or error",
     "access_log": "log every request",
+    "public_metadata": "serve /info, /metrics, /openapi.json and /v1/models without an API key "
+                       "(health probes never need one)",
 }
 
 
@@ -62,12 +65,33 @@ def _parse(kind: type, text: str, source: str) -> Any:
         raise StartupError(f"{source} must be {'an integer' if kind is int else 'a number'}, not {text!r}") from None
 
 
+def _scalar_fields() -> list[dataclasses.Field[Any]]:
+    return [field for field in dataclasses.fields(Settings) if field.name != "api_keys"]
+
+
+def api_keys(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Keys from --api-key (or INFINITY_API_KEY, comma-separated) and --api-key-file (or INFINITY_API_KEY_FILE)."""
+    keys = list(args.api_keys or [key.strip() for key in environ.get(ENV_PREFIX + "API_KEY", "").split(",")])
+    path = args.api_key_file or environ.get(ENV_PREFIX + "API_KEY_FILE")
+    if path:
+        try:
+            keys += Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise StartupError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    return tuple(key.strip() for key in keys if key.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
     serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT)")
-    for field in dataclasses.fields(Settings):
+    serve.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
+                       help=f"require Authorization: Bearer KEY on inference routes; repeat for several keys "
+                            f"[env {ENV_PREFIX}API_KEY, comma-separated]")
+    serve.add_argument("--api-key-file", metavar="PATH",
+                       help=f"read API keys from a file, one per line (a mounted secret) [env {ENV_PREFIX}API_KEY_FILE]")
+    for field in _scalar_fields():
         flag = "--" + field.name.replace("_", "-")
         env = ENV_PREFIX + field.name.upper()
         help = f"{HELP[field.name]} [env {env}, default {field.default}]"
@@ -81,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
-    values: dict[str, Any] = {}
-    for field in dataclasses.fields(Settings):
+    values: dict[str, Any] = {"api_keys": api_keys(args, environ)}
+    for field in _scalar_fields():
         env = ENV_PREFIX + field.name.upper()
         flag_value = getattr(args, field.name)
         if flag_value is not None:
@@ -93,6 +117,17 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         return Settings(**values)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
+
+
+def warn_if_open(settings: Settings) -> None:
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if not settings.api_keys and not loopback:
+        logging.getLogger("infinity").warning(
+            "no API key is set and the server listens on %s: anyone who can reach the port can use the model "
+            "(set --api-key or %sAPI_KEY)", settings.host, ENV_PREFIX)
 
 
 def serve(directory: Path, settings: Settings) -> int:
@@ -120,6 +155,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         settings = settings_from(args, environ)
         logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+        warn_if_open(settings)
         artifact = args.artifact or environ.get(ENV_PREFIX + "ARTIFACT")
         if not artifact:
             raise StartupError("no artifact directory given")

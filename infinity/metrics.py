@@ -15,46 +15,54 @@ def _number(value: float) -> str:
 
 
 class Histogram:
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help, self.buckets = name, help, buckets
-        self._counts = [0] * (len(buckets) + 1)
-        self._sum = 0.0
+    """A histogram, optionally one series per value of one label (e.g. route)."""
+
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...], label: str | None = None) -> None:
+        self.name, self.help, self.buckets, self.label = name, help, buckets, label
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
         self._lock = threading.Lock()
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, label_value: str = "") -> None:
         with self._lock:
-            self._counts[bisect.bisect_left(self.buckets, value)] += 1
-            self._sum += value
+            counts, total = self._series.setdefault(label_value, ([0] * (len(self.buckets) + 1), [0.0]))
+            counts[bisect.bisect_left(self.buckets, value)] += 1
+            total[0] += value
 
     def render(self) -> list[str]:
         with self._lock:
-            counts, total = list(self._counts), self._sum
+            series = {key: (list(counts), total[0]) for key, (counts, total) in sorted(self._series.items())}
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, count in zip(self.buckets, counts):
-            cumulative += count
-            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {cumulative}')
-        cumulative += counts[-1]
-        lines += [f'{self.name}_bucket{{le="+Inf"}} {cumulative}', f"{self.name}_sum {total!r}",
-                  f"{self.name}_count {cumulative}"]
+        for key, (counts, total) in (series or {"": ([0] * (len(self.buckets) + 1), 0.0)}).items():
+            tag = f'{self.label}="{key}",' if self.label else ""
+            plain = f"{{{tag[:-1]}}}" if tag else ""
+            cumulative = 0
+            for bound, count in zip(self.buckets, counts):
+                cumulative += count
+                lines.append(f'{self.name}_bucket{{{tag}le="{_number(bound)}"}} {cumulative}')
+            cumulative += counts[-1]
+            lines += [f'{self.name}_bucket{{{tag}le="+Inf"}} {cumulative}', f"{self.name}_sum{plain} {total!r}",
+                      f"{self.name}_count{plain} {cumulative}"]
         return lines
 
 
 class Counter:
-    def __init__(self, name: str, help: str, label: str) -> None:
-        self.name, self.help, self.label = name, help, label
-        self._values: dict[str, int] = {}
+    def __init__(self, name: str, help: str, labels: tuple[str, ...]) -> None:
+        self.name, self.help, self.labels = name, help, labels
+        self._values: dict[tuple[str, ...], int] = {}
         self._lock = threading.Lock()
 
-    def inc(self, label_value: str) -> None:
+    def inc(self, *label_values: str) -> None:
         with self._lock:
-            self._values[label_value] = self._values.get(label_value, 0) + 1
+            self._values[label_values] = self._values.get(label_values, 0) + 1
 
     def render(self) -> list[str]:
         with self._lock:
             values = sorted(self._values.items())
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        return lines + [f'{self.name}{{{self.label}="{key}"}} {value}' for key, value in values]
+        for key, value in values:
+            tags = ",".join(f'{label}="{item}"' for label, item in zip(self.labels, key))
+            lines.append(f"{self.name}{{{tags}}} {value}")
+        return lines
 
 
 class Gauge:
@@ -67,14 +75,17 @@ class Gauge:
 
 class Metrics:
     def __init__(self, queue_depth: Callable[[], float]) -> None:
-        self.request = Histogram("infinity_request_duration_seconds", "Time from body received to response ready.", SECONDS)
+        self.request = Histogram("infinity_request_duration_seconds", "Time from body received to response ready.",
+                                 SECONDS, label="route")
         self.tokenization = Histogram("infinity_tokenization_duration_seconds", "Tokenization time per request.", SECONDS)
         self.queue = Histogram("infinity_queue_duration_seconds", "Time a request waited for its batch.", SECONDS)
         self.inference = Histogram("infinity_inference_duration_seconds", "Model time per batch.", SECONDS)
         self.batch_size = Histogram("infinity_batch_size", "Rows per batch.", ROWS)
         self.batch_tokens = Histogram("infinity_batch_tokens", "Padded tokens (rows x longest) per batch.", TOKENS)
-        self.requests = Counter("infinity_requests_total", "Predict requests by HTTP status.", "status")
-        self.failures = Counter("infinity_failures_total", "Failed requests by error type.", "error_type")
+        self.requests = Counter("infinity_requests_total", "Inference requests by route and HTTP status.",
+                                ("route", "status"))
+        self.failures = Counter("infinity_failures_total", "Failed requests by route and error type.",
+                                ("route", "error_type"))
         self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", queue_depth)
 
     def render(self) -> str:

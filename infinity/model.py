@@ -1,6 +1,7 @@
 """A loaded artifact: manifest, tokenizer, engine and task, plus the in-process pipeline."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ import numpy as np
 
 from infinity.engine import Engine
 from infinity.manifest import Manifest, verify_checksums
+from infinity.schema import Object
 from infinity.tasks import Request, Task, make_task
 from infinity.tokenization import Encoded, TextTokenizer, pad_batch
 
@@ -34,7 +36,9 @@ class LoadedModel:
         return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))
 
     def encode(self, request: Request) -> list[Encoded]:
-        return self.tokenizer.encode(request.texts, truncate=request.truncate)
+        if request.token_ids is not None:
+            return self.tokenizer.from_ids(request.token_ids)
+        return self.tokenizer.encode(request.texts, truncate=request.truncate, direction=request.direction)
 
     def forward(self, encoded: list[Encoded]) -> np.ndarray:
         """Engine + batch-level reduction over one padded batch."""
@@ -42,7 +46,9 @@ class LoadedModel:
         return self.task.reduce(self.engine.run(batch), batch.attention_mask)
 
     def predict(self, inputs: Any, parameters: dict[str, Any] | None = None) -> Any:
-        """The whole pipeline in-process, one request as one batch."""
-        request = self.task.parse(inputs, parameters or {})
-        encoded = self.encode(request)
-        return self.task.respond(self.forward(encoded), request, encoded)
+        """The whole /predict pipeline in-process, one request as one batch (inputs are not checked here)."""
+        inputs = self.task.inputs(sys.maxsize).check(inputs, "inputs")
+        params = Object(self.task.parameters(), fill_defaults=False).check(parameters or {}, "parameters")
+        parsed = self.task.parse(inputs, params)
+        encoded = self.encode(parsed.request)
+        return self.task.respond(self.forward(encoded), parsed, encoded)

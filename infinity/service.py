@@ -1,15 +1,21 @@
-"""The serving pipeline for one model: validate -> tokenize (worker pool) -> batcher -> respond."""
+"""The core every route calls: admit -> tokenize -> batcher -> engine -> rows, with timings and token counts.
+
+Routes never see the engine; the core never sees a route's JSON.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from infinity.batcher import Batcher, BatchReport
-from infinity.errors import NotReady, PayloadTooLarge, ValidationError
+from infinity.errors import NotReady, Overloaded, PayloadTooLarge, ValidationError
 from infinity.metrics import Metrics
 from infinity.model import LoadedModel
 from infinity.settings import Settings
@@ -18,18 +24,18 @@ from infinity.tokenization import Encoded, InputTooLong
 
 log = logging.getLogger("infinity.service")
 
-BODY_KEYS = {"inputs", "parameters", "options"}  # "options" is accepted and ignored, as the HF Inference API sends it
 PROBE_TEXT = "ready"
 INLINE_CHARS = 1024
+T = TypeVar("T")
 
 
 @dataclass
 class Timings:
-    tokenization_s: float
-    queue_s: float
-    inference_s: float
-    postprocess_s: float
-    total_s: float
+    tokenization_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    postprocess_s: float = 0.0
+    total_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -37,21 +43,15 @@ class Timings:
 
 
 @dataclass
-class Prediction:
-    result: Any
+class Result:
+    """The task-reduced rows of one request, aligned with its inputs."""
+    rows: np.ndarray
+    encoded: list[Encoded]
     timings: Timings
-    tokens: int
 
-
-def unpack(payload: Any) -> tuple[Any, Any]:
-    if not isinstance(payload, dict):
-        raise ValidationError('the body must be a JSON object {"inputs": ..., "parameters": {...}}')
-    unknown = sorted(set(payload) - BODY_KEYS)
-    if unknown:
-        raise ValidationError(f"unknown fields in the body: {', '.join(map(str, unknown))}")
-    if "inputs" not in payload:
-        raise ValidationError("the body has no inputs")
-    return payload["inputs"], payload.get("parameters")
+    @property
+    def tokens(self) -> int:
+        return sum(len(item) for item in self.encoded)
 
 
 class Service:
@@ -99,33 +99,33 @@ class Service:
                     log.warning("readiness probe failed: %s", exc)
         return self.healthy
 
-    async def predict(self, payload: Any) -> Prediction:
-        started = time.perf_counter()
+    def admit(self) -> None:
+        """Refuse before reading the body: a full queue answers 429 without parsing or tokenizing anything."""
         if not self.warm:
             raise NotReady("the model is not ready yet")
-        inputs, parameters = unpack(payload)
-        request = self.model.task.parse(inputs, parameters)
-        if len(request.texts) > self.settings.max_inputs_per_request:
-            raise PayloadTooLarge(f"{len(request.texts)} inputs in one request; "
+        if self.batcher.depth >= self.settings.max_queue:
+            raise Overloaded(f"{self.batcher.depth} requests are already waiting; retry later")
+
+    async def run(self, request: Request) -> Result:
+        """Tokenize, queue and run one request as a unit (never split across batches)."""
+        started = time.perf_counter()
+        if request.size > self.settings.max_inputs_per_request:
+            raise PayloadTooLarge(f"{request.size} inputs in one request; "
                                   f"the limit is {self.settings.max_inputs_per_request}")
-        # Small requests are tokenized and answered on the event loop: well under a millisecond of work,
-        # cheaper than two thread hops. Larger ones go to the worker pool so the loop stays responsive.
-        inline = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in request.texts) <= INLINE_CHARS
-        loop = asyncio.get_running_loop()
-        encoded = self._encode(request) if inline else await loop.run_in_executor(self.workers, self._encode, request)
+        encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
         tokenized = time.perf_counter()
         outcome = await self.batcher.submit(encoded)
-        answered = time.perf_counter()
-        respond = self.model.task.respond
-        result = respond(outcome.rows, request, encoded) if inline else await loop.run_in_executor(
-            self.workers, respond, outcome.rows, request, encoded)
-        done = time.perf_counter()
         timings = Timings(tokenization_s=tokenized - started, queue_s=outcome.queue_s,
-                          inference_s=outcome.inference_s, postprocess_s=done - answered, total_s=done - started)
+                          inference_s=outcome.inference_s)
         self.metrics.tokenization.observe(timings.tokenization_s)
         self.metrics.queue.observe(timings.queue_s)
-        self.metrics.request.observe(timings.total_s)
-        return Prediction(result, timings, sum(len(item) for item in encoded))
+        return Result(outcome.rows, encoded, timings)
+
+    async def offload(self, work: Callable[..., T], *args: Any, small: bool) -> T:
+        """Small work runs on the event loop (cheaper than two thread hops); larger work in the worker pool."""
+        if small:
+            return work(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.workers, work, *args)
 
     def _encode(self, request: Request) -> list[Encoded]:
         try:

@@ -24,6 +24,8 @@ class Settings:
     allow_failed_parity: bool = False
     log_level: str = "info"
     access_log: bool = False
+    api_keys: tuple[str, ...] = ()  # any of them opens the inference routes; none: no authentication
+    public_metadata: bool = False  # /info, /metrics, /openapi.json and /v1/models open without a key
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
@@ -39,5 +41,7 @@ class Settings:
         if self.max_inputs_per_request > self.max_batch_size:
             # a request is never split across batches
             raise ValueError("max_inputs_per_request must not exceed max_batch_size")
+        if any(not key or key != key.strip() or any(c in key for c in ", \n") for key in self.api_keys):
+            raise ValueError("an API key must be non-empty, without spaces, commas or surrounding blanks")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

@@ -42,20 +42,24 @@ class Batch:
 
 
 class TextTokenizer:
-    """Two views of one tokenizer.json: one truncates to max_length, one never does."""
+    """Views of one tokenizer.json: truncating to max_length from either side, and never truncating."""
 
     def __init__(self, path: Path | str, max_length: int, pad_id: int) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
-        self._truncating = Tokenizer.from_file(str(path))
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(max_length, strategy="longest_first")
+        self._truncating: dict[str, Tokenizer] = {}
+        for direction in ("right", "left"):
+            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(max_length, strategy="longest_first", direction=direction)
+            self._truncating[direction] = tokenizer
         self._full = Tokenizer.from_file(str(path))
         self._full.no_padding()
         self._full.no_truncation()
+        self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, texts: list[TextInput], truncate: bool = True) -> list[Encoded]:
-        tokenizer = self._truncating if truncate else self._full
+    def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right") -> list[Encoded]:
+        tokenizer = self._truncating[direction] if truncate else self._full
         encodings = tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])
         result = [_to_encoded(e) for e in encodings]
         if not truncate:
@@ -63,6 +67,25 @@ class TextTokenizer:
                 if len(item) > self.max_length:
                     raise InputTooLong(index, len(item), self.max_length)
         return result
+
+    def from_ids(self, token_ids: list[list[int]]) -> list[Encoded]:
+        """Token ids run exactly as given (no special tokens added), after checking the model can take them."""
+        result = []
+        for index, ids in enumerate(token_ids):
+            if len(ids) > self.max_length:
+                raise InputTooLong(index, len(ids), self.max_length)
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"input {index} has a token id outside the vocabulary (0 to {self.vocab_size - 1})")
+            result.append(Encoded(ids=list(ids), type_ids=[0] * len(ids), offsets=[(0, 0)] * len(ids),
+                                  special=[0] * len(ids), word_ids=[None] * len(ids)))
+        return result
+
+    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        """Whole encodings for /tokenize: never truncated, so a client sees what it sent."""
+        return self._full.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        return self._full.decode_batch(token_ids, skip_special_tokens=skip_special_tokens)
 
 
 def _to_encoded(encoding: Encoding) -> Encoded:

@@ -100,13 +100,28 @@ def test_the_sidecar_is_only_reachable_inside_the_pod() -> None:
     assert env(app, "EMBEDDINGS_URL", "") == f"http://127.0.0.1:{port}/predict"
 
 
-def test_every_server_variable_is_a_setting_the_server_parses() -> None:
+def test_every_server_variable_is_a_setting_the_server_parses(tmp_path: Path) -> None:
     from infinity.cli import build_parser, settings_from
 
+    (tmp_path / "keys").write_text("a-key-from-the-secret\n")
     for deployment in by_kind("Deployment").values():
         for server in server_containers(deployment["spec"]["template"]["spec"]):
             variables = {e["name"]: e["value"] for e in server.get("env", []) if e["name"].startswith("INFINITY_")}
             assert variables
-            parsed = settings_from(build_parser().parse_args(["serve", "/model"]), variables)
-            for name in variables:
+            files = {"INFINITY_API_KEY_FILE": str(tmp_path / "keys")}  # read at start-up, so it must exist here
+            parsed = settings_from(build_parser().parse_args(["serve", "/model"]), {**variables, **{
+                name: path for name, path in files.items() if name in variables}})
+            for name in set(variables) - set(files):
                 assert hasattr(parsed, name.removeprefix("INFINITY_").lower()), name
+            if "INFINITY_API_KEY_FILE" in variables:
+                assert parsed.api_keys == ("a-key-from-the-secret",)
+
+
+def test_the_deployment_reads_its_api_keys_from_a_mounted_secret() -> None:
+    pod = by_kind("Deployment")["infinity-minilm"]["spec"]["template"]["spec"]
+    (server,) = server_containers(pod)
+    path = Path(env(server, "INFINITY_API_KEY_FILE", ""))
+    (mount,) = [m for m in server["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] and volume["secret"]["secretName"] == "infinity-api-keys"
+    assert not volume["secret"].get("optional", False)

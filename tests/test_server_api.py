@@ -141,15 +141,20 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
     assert info["precision"] == "fp32" and info["parity"]["passed"] is True
     assert info["batching"]["max_batch_size"] == 16 and info["max_length"] > 0
     assert metrics.headers["content-type"].startswith("text/plain")
-    for name in ("infinity_request_duration_seconds_count 1", "infinity_queue_duration_seconds_bucket",
-                 "infinity_tokenization_duration_seconds_sum", "infinity_inference_duration_seconds_count",
-                 "infinity_batch_size_bucket", "infinity_batch_tokens_bucket", "infinity_queue_depth 0",
-                 'infinity_requests_total{status="200"} 1'):
+    for name in ('infinity_request_duration_seconds_count{route="/predict"} 1',
+                 "infinity_queue_duration_seconds_bucket", "infinity_tokenization_duration_seconds_sum",
+                 "infinity_inference_duration_seconds_count", "infinity_batch_size_bucket",
+                 "infinity_batch_tokens_bucket", "infinity_queue_depth 0",
+                 'infinity_requests_total{route="/predict",status="200"} 1'):
         assert name in metrics.text
-    request = spec["components"]["schemas"]["PredictRequest"]
+    predict = spec["paths"]["/predict"]["post"]
+    request = predict["requestBody"]["content"]["application/json"]["schema"]
     assert set(request["properties"]["parameters"]["properties"]) == {
-        "aggregation_strategy", "ignore_labels", "truncate"}
-    assert "x-compute-time" in spec["paths"]["/predict"]["post"]["responses"]["200"]["headers"]
+        "aggregation_strategy", "ignore_labels", "truncate", "truncation_direction"}
+    assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 8  # the server's own cap
+    assert "x-compute-time" in predict["responses"]["200"]["headers"]
+    # routes of other tasks are not described: they answer 404
+    assert "/v1/embeddings" not in spec["paths"] and "/v1/rerank" not in spec["paths"]
 
 
 def test_small_and_large_requests_take_their_own_paths_to_the_same_answer(embeddings: TestClient,

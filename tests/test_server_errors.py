@@ -168,7 +168,7 @@ def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: Lo
     assert int(refused.headers["retry-after"]) >= 1
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert session.rows == [1, 2]  # the two queued requests shared one batch
-    assert 'infinity_failures_total{error_type="overloaded"} 1' in client.get("/metrics").text
+    assert 'infinity_failures_total{route="/predict",error_type="overloaded"} 1' in client.get("/metrics").text
 
 
 def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: TestClient, model: LoadedModel,
@@ -192,7 +192,7 @@ def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: Test
     assert client.get("/health/ready").status_code == 200  # a real probe pass brings it back
     assert len(session.rows) == rows_before + 1
     assert client.post("/predict", json={"inputs": "after recovery"}).status_code == 200
-    assert 'infinity_failures_total{error_type="backend"} 3' in client.get("/metrics").text
+    assert 'infinity_failures_total{route="/predict",error_type="backend"} 3' in client.get("/metrics").text
 
 
 def test_a_client_that_disconnects_while_queued_costs_no_compute(model: LoadedModel,
@@ -261,13 +261,13 @@ def test_anything_unexpected_becomes_a_json_500_and_the_app_keeps_serving() -> N
         assert client.get("/fine").text == "ok"
 
 
-def test_predict_before_warm_up_is_503(model: LoadedModel) -> None:
+def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
     from infinity.errors import NotReady
     from infinity.service import Service
 
     async def main() -> None:
         with pytest.raises(NotReady) as caught:
-            await Service(model, Settings()).predict({"inputs": "too early"})
+            Service(model, Settings()).admit()
         assert caught.value.status_code == 503
 
     asyncio.run(main())

@@ -1,11 +1,9 @@
 """A real `python -m infinity serve` process: readiness, a prediction, and a drain on SIGTERM."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,14 +12,7 @@ import httpx
 import orjson
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-WAIT = 120.0  # a hang guard, never a performance expectation
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.servers import WAIT, running
 
 
 def refuses_connections(port: int) -> bool:
@@ -34,28 +25,8 @@ def refuses_connections(port: int) -> bool:
 
 @pytest.fixture()
 def server(minilm_fp32_artifact: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    port = free_port()
-    log = tmp_path / "server.log"
-    env = {**os.environ, "INFINITY_THREADS": "1", "INFINITY_LOG_LEVEL": "info"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(minilm_fp32_artifact),
-                                    "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server never became ready"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield process, port, log
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with running(minilm_fp32_artifact, tmp_path / "server.log") as started:
+        yield started.process, started.port, started.log
 
 
 def test_serves_then_drains_an_in_flight_request_on_sigterm(

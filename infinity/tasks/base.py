@@ -1,94 +1,83 @@
-"""What every task does: parse a request body, reduce the padded batch, answer one request."""
+"""What every task knows: its inputs in the HF Inference API shape, its batch reduction, and its answers."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infinity.errors import EmptyInput, ValidationError
 from infinity.manifest import Manifest
+from infinity.schema import Array, OneOf, Schema, Text
 from infinity.tokenization import Encoded, TextInput
+
+DIRECTIONS = ("right", "left")
 
 
 @dataclass
 class Request:
-    """A validated request: the texts to tokenize and the task's parsed parameters."""
-    texts: list[TextInput]
+    """What the core runs: texts (or text pairs) or token ids, and how to cut them to the model's length."""
+    texts: list[TextInput] = field(default_factory=list)
+    token_ids: list[list[int]] | None = None
+    truncate: bool = True
+    direction: str = "right"
+
+    @property
+    def size(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
+
+    @property
+    def chars(self) -> int:
+        if self.token_ids is not None:
+            return sum(len(ids) for ids in self.token_ids)
+        return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in self.texts)
+
+
+@dataclass
+class Parsed:
+    """An HF Inference API body, checked: the core request plus what the answer needs."""
+    request: Request
     params: dict[str, Any]
     single: bool
-    truncate: bool = True
+
+
+def texts_schema(limit: int) -> Schema:
+    return OneOf((Text(), Array(Text(), max_items=limit)), "a string or a list of strings")
 
 
 class Task:
     name: str = ""
-    parameters: tuple[str, ...] = ()
+    # body fields beside "parameters" that TEI and huggingface_hub send at the top level of /predict
+    top_level: tuple[str, ...] = ()
+    # the hosted Inference API (and so huggingface_hub) wraps a single input's answer in a list of one
+    nests_single_answer: bool = False
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         self.manifest = manifest
         self.directory = directory
 
-    def parse(self, inputs: Any, parameters: dict[str, Any]) -> Request:
+    def inputs(self, limit: int) -> Schema:
+        """The schema of `inputs`, at most `limit` of them per request."""
+        raise NotImplementedError
+
+    def parameters(self) -> dict[str, Schema]:
+        """The task's own `parameters` (truncation is common to all and added by the route)."""
+        return {}
+
+    def answer_doc(self) -> dict[str, Any]:
+        """The JSON schema of a 200 answer on /predict."""
+        raise NotImplementedError
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        """Checked inputs and parameters -> the core request; params lack the keys the client left out."""
         raise NotImplementedError
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
 
-    def respond(self, rows: np.ndarray, request: Request, encoded: list[Encoded]) -> Any:
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         raise NotImplementedError
-
-    def check_parameters(self, parameters: Any) -> dict[str, Any]:
-        if parameters is None:
-            return {}
-        if not isinstance(parameters, dict):
-            raise ValidationError("parameters must be an object")
-        unknown = sorted(set(parameters) - set(self.parameters) - {"truncate"})
-        if unknown:
-            raise ValidationError(f"unknown parameters for {self.name}: {', '.join(unknown)}; "
-                                  f"allowed: {', '.join(sorted(self.parameters + ('truncate',)))}")
-        return parameters
-
-
-def text_list(inputs: Any, what: str = "inputs") -> tuple[list[str], bool]:
-    """A str or a non-empty list of str; returns the list and whether a single str was sent."""
-    if isinstance(inputs, str):
-        texts, single = [inputs], True
-    elif isinstance(inputs, list):
-        if not all(isinstance(t, str) for t in inputs):
-            raise ValidationError(f"{what} must be a string or a list of strings")
-        texts, single = inputs, False
-    else:
-        raise ValidationError(f"{what} must be a string or a list of strings")
-    if not texts:
-        raise EmptyInput(f"{what} is empty")
-    if any(not t.strip() for t in texts):
-        raise EmptyInput(f"{what} contains an empty string")
-    return texts, single
-
-
-def flag(parameters: dict[str, Any], name: str, default: bool) -> bool:
-    value = parameters.get(name, default)
-    if not isinstance(value, bool):
-        raise ValidationError(f"parameters.{name} must be true or false")
-    return value
-
-
-def positive_int(parameters: dict[str, Any], name: str) -> int | None:
-    value = parameters.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"parameters.{name} must be a positive integer")
-    return value
-
-
-def choice(parameters: dict[str, Any], name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = parameters.get(name, default)
-    if value not in allowed:
-        raise ValidationError(f"parameters.{name} must be one of {', '.join(allowed)}")
-    return value
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

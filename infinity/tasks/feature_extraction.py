@@ -4,7 +4,9 @@ from typing import Any
 
 import numpy as np
 
-from infinity.tasks.base import Request, Task, flag, text_list
+from infinity.errors import ValidationError
+from infinity.schema import Array, Boolean, Integer, Object, OneOf, Schema, Text
+from infinity.tasks.base import Parsed, Request, Task
 from infinity.tokenization import Encoded
 
 
@@ -24,17 +26,56 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 class FeatureExtraction(Task):
     name = "feature-extraction"
-    parameters = ("normalize",)
+    top_level = ("normalize", "dimensions")
 
-    def parse(self, inputs: Any, parameters: dict[str, Any]) -> Request:
-        parameters = self.check_parameters(parameters)
-        texts, single = text_list(inputs)
-        params = {"normalize": flag(parameters, "normalize", self.manifest.task.normalize)}
-        return Request(texts, params, single, flag(parameters, "truncate", True))
+    @property
+    def dim(self) -> int | None:
+        return self.manifest.task.embedding_dim
+
+    def inputs(self, limit: int) -> Schema:
+        similarity = Object({"source_sentence": Text(), "sentences": Array(Text(), max_items=limit - 1)},
+                            required=("source_sentence", "sentences"),
+                            description="sentence-similarity: cosine of each sentence with source_sentence")
+        return OneOf((Text(), Array(Text(), max_items=limit), similarity),
+                     'a string, a list of strings, or {"source_sentence": str, "sentences": [str, ...]}')
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"normalize": Boolean(default=self.manifest.task.normalize,
+                                     description="scale each vector to unit length"),
+                "dimensions": Integer(minimum=1, maximum=self.dim,
+                                      description="keep the first N dimensions (Matryoshka), then normalize")}
+
+    def answer_doc(self) -> dict[str, Any]:
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+        if self.dim:
+            vector.update(minItems=self.dim, maxItems=self.dim)
+        scores = {"type": "array", "items": {"type": "number"}, "description": "sentence-similarity cosines"}
+        return {"oneOf": [vector, {"type": "array", "items": vector}, scores]}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"normalize": params.get("normalize", self.manifest.task.normalize),
+                   "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict)}
+        if options["similarity"]:
+            return Parsed(Request([inputs["source_sentence"], *inputs["sentences"]]), options, single=False)
+        if isinstance(inputs, str):
+            return Parsed(Request([inputs]), options, single=True)
+        return Parsed(Request(inputs), options, single=False)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return pool(output, attention_mask, self.manifest.task.pooling or "mean")
 
-    def respond(self, rows: np.ndarray, request: Request, encoded: list[Encoded]) -> Any:
-        vectors = l2_normalize(rows) if request.params["normalize"] else rows
-        return vectors[0] if request.single else vectors
+    def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+        """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized."""
+        if dimensions is not None:
+            if dimensions > rows.shape[-1]:
+                raise ValidationError(f"dimensions is {dimensions}, but the model has {rows.shape[-1]}")
+            rows = rows[:, :dimensions]
+        return l2_normalize(rows) if normalize else rows
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        params = parsed.params
+        if params["similarity"]:
+            vectors = self.embed(rows, True, params["dimensions"])
+            return vectors[1:] @ vectors[0]
+        vectors = self.embed(rows, params["normalize"], params["dimensions"])
+        return vectors[0] if parsed.single else vectors

@@ -4,46 +4,55 @@ from typing import Any
 
 import numpy as np
 
-from infinity.errors import EmptyInput, ValidationError
-from infinity.tasks.base import Request, Task, activate, flag, positive_int, text_list
+from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
+from infinity.tasks.base import Parsed, Request, Task, activate
 from infinity.tokenization import Encoded
 
 
 class Ranking(Task):
     name = "ranking"
-    parameters = ("top_n", "return_text", "raw_scores")
+    top_level = ("raw_scores",)
 
-    def parse(self, inputs: Any, parameters: dict[str, Any]) -> Request:
-        parameters = self.check_parameters(parameters)
-        if not isinstance(inputs, dict) or set(inputs) != {"query", "texts"}:
-            raise ValidationError('inputs must be {"query": str, "texts": [str, ...]}')
-        query = inputs["query"]
-        if not isinstance(query, str):
-            raise ValidationError("inputs.query must be a string")
-        if not query.strip():
-            raise EmptyInput("inputs.query is empty")
-        texts, _ = text_list(inputs["texts"], "inputs.texts")
-        params = {
-            "top_n": positive_int(parameters, "top_n"),
-            "return_text": flag(parameters, "return_text", False),
-            "raw_scores": flag(parameters, "raw_scores", False),
-            "texts": texts,
-        }
-        return Request([(query, text) for text in texts], params, single=False,
-                       truncate=flag(parameters, "truncate", True))
+    def inputs(self, limit: int) -> Schema:
+        return Object({"query": Text(), "texts": Array(Text(), max_items=limit)}, required=("query", "texts"))
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
+                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False)}
+
+    def answer_doc(self) -> dict[str, Any]:
+        ranked = {"type": "object", "required": ["index", "score"],
+                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
+                                 "text": {"type": "string"}}}
+        return {"type": "array", "items": ranked}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
+                   "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
+        return Parsed(self.pairs(inputs["query"], inputs["texts"]), options, single=False)
+
+    @staticmethod
+    def pairs(query: str, texts: list[str]) -> Request:
+        return Request([(query, text) for text in texts])
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output[:, 0]
 
-    def respond(self, rows: np.ndarray, request: Request, encoded: list[Encoded]) -> Any:
-        function = "none" if request.params["raw_scores"] else (self.manifest.task.score_activation or "sigmoid")
-        scores = activate(rows, function)
-        order = np.argsort(-scores, kind="stable")[: request.params["top_n"]]
-        texts = request.params["texts"]
+    def scores(self, rows: np.ndarray, raw: bool = False) -> np.ndarray:
+        return activate(rows, "none" if raw else (self.manifest.task.score_activation or "sigmoid"))
+
+    @staticmethod
+    def order(scores: np.ndarray, top_n: int | None) -> list[int]:
+        """Indices best first; equal scores keep the order they were sent in."""
+        return [int(i) for i in np.argsort(-scores, kind="stable")[:top_n]]
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        scores = self.scores(rows, parsed.params["raw_scores"])
+        texts = parsed.params["texts"]
         result = []
-        for i in order:
-            item: dict[str, Any] = {"index": int(i), "score": float(scores[i])}
-            if request.params["return_text"]:
+        for i in self.order(scores, parsed.params["top_n"]):
+            item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+            if parsed.params["return_text"]:
                 item["text"] = texts[i]
             result.append(item)
         return result

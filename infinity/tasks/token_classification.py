@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.tasks.base import Request, Task, flag, softmax, text_list
+from infinity.schema import Array, Choice, Schema, Text
+from infinity.tasks.base import Parsed, Request, Task, softmax, texts_schema
 from infinity.tokenization import Encoded
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
@@ -141,23 +141,8 @@ def entities_for(text: str, probs: np.ndarray, encoded: Encoded, labels: dict[in
     return kept
 
 
-def ignore_labels(parameters: dict[str, Any]) -> list[str]:
-    value = parameters.get("ignore_labels", ["O"])
-    if not isinstance(value, list) or not all(isinstance(label, str) for label in value):
-        raise ValidationError("parameters.ignore_labels must be a list of strings")
-    return value
-
-
-def strategy(parameters: dict[str, Any]) -> str:
-    value = parameters.get("aggregation_strategy", "simple")
-    if not isinstance(value, str) or value.lower() not in STRATEGIES:
-        raise ValidationError(f"parameters.aggregation_strategy must be one of {', '.join(STRATEGIES)}")
-    return value.lower()
-
-
 class TokenClassification(Task):
     name = "token-classification"
-    parameters = ("aggregation_strategy", "ignore_labels")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -166,18 +151,39 @@ class TokenClassification(Task):
         self.vocabulary = Vocabulary(Path(directory) / manifest.tokenizer.file)
         self.labels = manifest.task.id2label or {}
 
-    def parse(self, inputs: Any, parameters: dict[str, Any]) -> Request:
-        parameters = self.check_parameters(parameters)
-        texts, single = text_list(inputs)
-        params = {"aggregation_strategy": strategy(parameters), "ignore_labels": ignore_labels(parameters)}
-        return Request(texts, params, single, flag(parameters, "truncate", True))
+    def inputs(self, limit: int) -> Schema:
+        return texts_schema(limit)
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"aggregation_strategy": Choice(STRATEGIES, default="simple", case_insensitive=True),
+                "ignore_labels": Array(Text(allow_blank=True), min_items=0, default=["O"])}
+
+    def answer_doc(self) -> dict[str, Any]:
+        def entity(grouped: bool) -> dict[str, Any]:
+            properties: dict[str, Any] = {"score": {"type": "number"}, "word": {"type": "string"},
+                                          "start": {"type": "integer"}, "end": {"type": "integer"}}
+            if grouped:
+                properties["entity_group"] = {"type": "string"}
+            else:
+                properties.update(entity={"type": "string"}, index={"type": "integer"})
+            return {"type": "object", "properties": properties}
+
+        entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
+        return {"oneOf": [entities, {"type": "array", "items": entities}]}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
+                   "ignore_labels": params.get("ignore_labels", ["O"])}
+        if isinstance(inputs, str):
+            return Parsed(Request([inputs]), options, single=True)
+        return Parsed(Request(inputs), options, single=False)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return softmax(output.astype(np.float32))
 
-    def respond(self, rows: np.ndarray, request: Request, encoded: list[Encoded]) -> Any:
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         labels = {i: self.labels.get(i, f"LABEL_{i}") for i in range(rows.shape[-1])}
-        results = [entities_for(text, probs, enc, labels, request.params["aggregation_strategy"],
-                                request.params["ignore_labels"], self.vocabulary)
-                   for probs, enc, text in zip(rows, encoded, request.texts)]
-        return results[0] if request.single else results
+        results = [entities_for(str(text), probs, enc, labels, parsed.params["aggregation_strategy"],
+                                parsed.params["ignore_labels"], self.vocabulary)
+                   for probs, enc, text in zip(rows, encoded, parsed.request.texts)]
+        return results[0] if parsed.single else results

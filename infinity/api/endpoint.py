@@ -1,0 +1,183 @@
+"""One route = one Endpoint: its body schema, how the body becomes a core request, and how the rows become
+its answer. The handler below is the only place that admits, reads, checks, watches for disconnects, times,
+counts and renders errors, for every family alike."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from infinity.errors import InfinityError, PayloadTooLarge, ValidationError
+from infinity.schema import Schema
+from infinity.service import INLINE_CHARS, Result, Service
+from infinity.tasks import Request
+
+log = logging.getLogger("infinity.api")
+
+Render = Callable[[Result | None], Any]
+Prepare = Callable[[Any], tuple[Request | None, Render]]
+View = Callable[[HTTPRequest], Awaitable[Response]]
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the request": nobody reads it
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+def _same(status: int) -> int:
+    return status
+
+
+@dataclass(frozen=True)
+class Family:
+    """An API dialect: the shape of its error bodies, and the status it uses where ours differs."""
+    name: str
+    error: Callable[[int, str, str], dict[str, Any]]  # (status, message, error_type) -> body
+    status: Callable[[int], int] = _same
+    error_doc: dict[str, Any] = field(default_factory=dict)
+
+    def failure(self, status: int, message: str, error_type: str,
+                headers: dict[str, str] | None = None) -> Response:
+        status = self.status(status)
+        return JSONResponse(self.error(status, message, error_type), status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    family: Family
+    summary: str
+    answer_doc: dict[str, Any]
+    body: Schema | None = None  # inference routes: the request schema ...
+    prepare: Prepare | None = None  # ... and what turns a checked body into a core request and its answer
+    view: View | None = None  # other routes (health, info, metrics): a plain handler
+    method: str = "POST"
+    tasks: tuple[str, ...] | None = None  # served only for these tasks; None: every task
+    protected: bool = True  # needs an API key when the server has keys
+    errors: dict[int, str] = field(default_factory=dict)  # documented error statuses
+
+    @property
+    def inference(self) -> bool:
+        return self.prepare is not None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    """The body, refused as soon as it is known to exceed the limit (declared or actually sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _client_gone(request: HTTPRequest) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: HTTPRequest, work: Awaitable[Result]) -> Result | None:
+    """Await work, cancelling it (which drops its queued entry) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"the body is not valid JSON: {exc}") from None
+
+
+async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
+    service: Service = request.state.service
+    started = time.perf_counter()
+    try:
+        service.admit()
+        body = await read_body(request, service.settings.max_payload_bytes)
+        assert endpoint.body is not None and endpoint.prepare is not None
+        core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))
+        result = None
+        if core is not None:
+            if service.batcher.idle:
+                # Nothing to wait behind: the request starts once tokenized, and a running batch is never
+                # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
+                result = await service.run(core)
+            else:
+                result = await _unless_disconnected(request, service.run(core))
+                if result is None:
+                    return _closed(endpoint, service)
+        answered = time.perf_counter()
+        small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
+        content = await service.offload(render, result, small=small)
+    except InfinityError as exc:
+        return failure(endpoint, service, exc)
+    except ClientDisconnect:
+        return _closed(endpoint, service)
+    done = time.perf_counter()
+    timings = result.timings if result is not None else None
+    headers = {"x-total-time": _ms(done - started)}
+    if timings is not None:
+        timings.postprocess_s, timings.total_s = done - answered, done - started
+        headers.update({"x-compute-time": _ms(timings.compute_s), "x-tokenization-time": _ms(timings.tokenization_s),
+                        "x-queue-time": _ms(timings.queue_s), "x-inference-time": _ms(timings.inference_s),
+                        "x-compute-tokens": str(result.tokens)})  # type: ignore[union-attr]
+    else:
+        headers["x-compute-time"] = _ms(done - answered)
+    service.metrics.request.observe(done - started, endpoint.path)
+    service.metrics.requests.inc(endpoint.path, "200")
+    return JSONResponse(content, headers=headers)
+
+
+def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Response:
+    service.metrics.failures.inc(endpoint.path, exc.error_type)
+    service.metrics.requests.inc(endpoint.path, str(endpoint.family.status(exc.status_code)))
+    headers = {"Retry-After": str(service.settings.retry_after)} if exc.status_code == 429 else None
+    return endpoint.family.failure(exc.status_code, exc.message, exc.error_type, headers)
+
+
+def _closed(endpoint: Endpoint, service: Service) -> Response:
+    log.info("%s: the client disconnected before its answer was ready", endpoint.path)
+    service.metrics.failures.inc(endpoint.path, "client_closed")
+    service.metrics.requests.inc(endpoint.path, str(CLIENT_CLOSED))
+    return Response(status_code=CLIENT_CLOSED)
+
+
+def not_served(path: str, family: Family, needs: str, task: str) -> View:
+    """A route of another task: a 404 in the route's own error shape that says why."""
+    message = f"{path} needs a {needs} model; this server runs {task}"
+
+    async def view(request: HTTPRequest) -> Response:
+        return family.failure(404, message, "not_found")
+
+    return view

@@ -1,0 +1,62 @@
+"""The Hugging Face Inference API on /predict and / (TEI's /predict body fields are accepted at the top level)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from infinity.api.endpoint import Endpoint, Family, Render
+from infinity.schema import Boolean, Choice, Object, Schema
+from infinity.service import Result
+from infinity.tasks import Request, Task
+from infinity.tasks.base import DIRECTIONS
+
+ERROR_DOC = {"type": "object", "required": ["error", "error_type"],
+             "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}}}
+HF = Family("hf", lambda status, message, error_type: {"error": message, "error_type": error_type},
+            error_doc=ERROR_DOC)
+ERRORS = {400: "Empty input", 413: "Body too large or too many inputs",
+          422: "Malformed body, unknown field or parameter, or input too long with truncate=false",
+          429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
+
+
+def truncation() -> dict[str, Schema]:
+    return {"truncate": Boolean(default=True, description="cut inputs at the model's maximum length; "
+                                                          "false answers 422 for longer inputs"),
+            "truncation_direction": Choice(DIRECTIONS, default="right", case_insensitive=True,
+                                           description="which end of a long input is cut")}
+
+
+def body_schema(task: Task, limit: int) -> Object:
+    parameters = {**task.parameters(), **truncation()}
+    fields: dict[str, Schema] = {
+        "inputs": task.inputs(limit),
+        "parameters": Object(parameters, fill_defaults=False),
+        "options": Object({}, open=True, description="accepted and ignored, as the Inference API sends it"),
+    }
+    fields.update({name: parameters[name] for name in (*task.top_level, "truncate", "truncation_direction")})
+    return Object(fields, required=("inputs",), fill_defaults=False)
+
+
+def endpoints(task: Task, limit: int) -> list[Endpoint]:
+    def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Request, Render]]:
+        def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+            params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
+            params.update(body.get("parameters", {}))
+            parsed = task.parse(body["inputs"], params)
+            parsed.request.truncate = params.get("truncate", True)
+            parsed.request.direction = params.get("truncation_direction", "right")
+            nest = hosted_api and parsed.single and task.nests_single_answer
+
+            def render(result: Result) -> Any:
+                answer = task.respond(result.rows, parsed, result.encoded)
+                return [answer] if nest else answer
+
+            return parsed.request, render
+
+        return prepare
+
+    schema = body_schema(task, limit)
+    return [Endpoint("/predict", HF, f"Run {task.name} (transformers pipeline and TEI answer shapes)",
+                     task.answer_doc(), body=schema, prepare=preparer(False), errors=ERRORS),
+            Endpoint("/", HF, f"Run {task.name} (the hosted Inference API's answer shape, as huggingface_hub "
+                              "expects it)", task.answer_doc(), body=schema, prepare=preparer(True), errors=ERRORS)]

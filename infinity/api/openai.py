@@ -1,0 +1,102 @@
+"""OpenAI's embeddings API: /v1/embeddings (and /embeddings), /v1/models, errors in OpenAI's shape."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from infinity.api.endpoint import Endpoint, Family, JSONResponse, Render
+from infinity.manifest import Manifest
+from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
+from infinity.service import Result
+from infinity.tasks import Request
+from infinity.tasks.feature_extraction import FeatureExtraction
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+         413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+
+
+def _error(status: int, message: str, error_type: str) -> dict[str, Any]:
+    kind = TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": error_type}}
+
+
+ERROR_DOC = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                                     "param": {"type": "string", "nullable": True},
+                                     "code": {"type": "string", "nullable": True}}}}}
+# OpenAI answers every invalid request with 400, where the other routes say 422
+OPENAI = Family("openai", _error, status=lambda status: 400 if status == 422 else status, error_doc=ERROR_DOC)
+ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the model's)",
+          401: "Missing or wrong API key", 413: "Body too large or too many inputs",
+          429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
+
+
+def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
+    token = Integer(minimum=0, maximum=vocabulary - 1)
+    inputs = OneOf((Text(), Array(Text(), max_items=limit), Array(token), Array(Array(token), max_items=limit)),
+                   "a string, a list of strings, a list of token ids or a list of lists of token ids")
+    return Object({
+        "input": inputs,
+        "model": Text(description="accepted and echoed; this server runs one model"),
+        "encoding_format": Choice(("float", "base64"), default="float",
+                                  description="base64: little-endian float32 bytes"),
+        "dimensions": Integer(minimum=1, description="keep the first N dimensions (Matryoshka), then normalize"),
+        "user": Text(allow_blank=True, description="accepted and ignored"),
+    }, required=("input",))
+
+
+def _request(value: Any) -> Request:
+    if isinstance(value, str):
+        return Request([value])
+    if isinstance(value[0], str):
+        return Request(value)
+    if isinstance(value[0], int):
+        return Request(token_ids=[value])
+    return Request(token_ids=value)
+
+
+def _encode(vector: np.ndarray, encoding: str) -> Any:
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector
+
+
+def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[Endpoint]:
+    name = task.manifest.source.model
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        def render(result: Result) -> Any:
+            vectors = task.embed(result.rows, task.manifest.task.normalize, body.get("dimensions"))
+            data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
+                    for i, v in enumerate(vectors)]
+            return {"object": "list", "data": data, "model": body.get("model", name),
+                    "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
+
+        return _request(body["input"]), render
+
+    vector = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "format": "byte"}]}
+    answer = {"type": "object", "properties": {
+        "object": {"type": "string", "enum": ["list"]}, "model": {"type": "string"},
+        "data": {"type": "array", "items": {"type": "object", "properties": {
+            "object": {"type": "string", "enum": ["embedding"]}, "index": {"type": "integer"}, "embedding": vector}}},
+        "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"},
+                                                   "total_tokens": {"type": "integer"}}}}}
+    schema = body_schema(task, limit, vocabulary)
+    return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
+                     tasks=(FeatureExtraction.name,), errors=ERRORS) for path in ("/v1/embeddings", "/embeddings")]
+
+
+def models(manifest: Manifest, started: int, protected: bool) -> Endpoint:
+    listing = {"object": "list", "data": [{"id": manifest.source.model, "object": "model", "created": started,
+                                           "owned_by": "infinity"}]}
+
+    async def view(request: HTTPRequest) -> Response:
+        return JSONResponse(listing)
+
+    answer = {"type": "object", "properties": {"object": {"type": "string"}, "data": {"type": "array"}}}
+    return Endpoint("/v1/models", OPENAI, "The one model this server runs (OpenAI)", answer, view=view,
+                    method="GET", protected=protected, errors={401: "Missing or wrong API key"})

@@ -1,0 +1,82 @@
+"""Routes for operators: health probes, facts about the model, metrics and the OpenAPI document."""
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+import onnxruntime
+import tokenizers
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from infinity.api.endpoint import Endpoint, JSONResponse
+from infinity.api.hf import HF
+from infinity.service import Service
+
+PLAIN = {"type": "object"}
+
+
+def version() -> str:
+    try:
+        return metadata.version("infinity-multiverse")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+async def live(request: HTTPRequest) -> Response:
+    return JSONResponse({"status": "live"})
+
+
+async def ready(request: HTTPRequest) -> Response:
+    if await request.state.service.ready():
+        return JSONResponse({"status": "ready"})
+    return HF.failure(503, "the model is not ready", "unhealthy")
+
+
+async def info(request: HTTPRequest) -> Response:
+    service: Service = request.state.service
+    manifest, settings = service.model.manifest, service.settings
+    return JSONResponse({
+        "model": {"id": manifest.source.model, "revision": manifest.source.revision,
+                  "type": manifest.source.model_type},
+        "task": manifest.source.task,
+        "target": {"name": manifest.target.name, "providers": manifest.target.providers,
+                   "required_cpu_flags": manifest.target.required_cpu_flags},
+        "precision": manifest.model.precision,
+        "max_length": manifest.tokenizer.max_length,
+        "labels": manifest.task.id2label,
+        "parity": {"passed": manifest.parity.passed, "overridden": manifest.parity.overridden,
+                   "reference": manifest.parity.reference, "metrics": manifest.parity.metrics,
+                   "thresholds": manifest.parity.thresholds, "failures": manifest.parity.failures},
+        "versions": {"infinity": version(), "onnxruntime": onnxruntime.__version__,
+                     "tokenizers": tokenizers.__version__, "python": platform.python_version(),
+                     "built_with": manifest.source.library_versions},
+        "batching": {"max_batch_tokens": settings.max_batch_tokens, "max_batch_size": settings.max_batch_size,
+                     "max_queue": settings.max_queue, "max_inputs_per_request": settings.max_inputs_per_request,
+                     "max_payload_bytes": settings.max_payload_bytes, "threads": settings.threads},
+        "auth": {"api_keys": bool(settings.api_keys), "public_metadata": settings.public_metadata},
+    })
+
+
+async def metrics(request: HTTPRequest) -> Response:
+    return Response(request.state.service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def openapi(request: HTTPRequest) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
+def endpoints(public_metadata: bool) -> list[Endpoint]:
+    unready = {503: "Not ready"}
+    guarded = not public_metadata
+    return [
+        Endpoint("/health/live", HF, "Process is up", PLAIN, view=live, method="GET", protected=False),
+        Endpoint("/health/ready", HF, "Model warmed up and healthy", PLAIN, view=ready, method="GET",
+                 protected=False, errors=unready),
+        Endpoint("/health", HF, "Same as /health/ready (TEI's probe)", PLAIN, view=ready, method="GET",
+                 protected=False, errors=unready),
+        Endpoint("/info", HF, "Model, target, parity and batching facts", PLAIN, view=info, method="GET",
+                 protected=guarded),
+        Endpoint("/metrics", HF, "Prometheus metrics", {"type": "string"}, view=metrics, method="GET",
+                 protected=guarded),
+        Endpoint("/openapi.json", HF, "This document", PLAIN, view=openapi, method="GET", protected=guarded),
+    ]

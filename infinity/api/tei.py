@@ -1,0 +1,108 @@
+"""Text Embeddings Inference's native routes: /embed, /rerank, /tokenize, /decode (TEI's error shape)."""
+from __future__ import annotations
+
+from typing import Any
+
+from infinity.api.endpoint import Endpoint, Render
+from infinity.api.hf import ERRORS, HF, truncation
+from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
+from infinity.service import Result
+from infinity.tasks import Request
+from infinity.tasks.base import texts_schema
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.ranking import Ranking
+from infinity.tokenization import TextTokenizer
+
+# TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
+TEI = HF
+FLOATS = {"type": "array", "items": {"type": "number"}}
+
+
+def _cut(request: Request, body: dict[str, Any]) -> Request:
+    request.truncate, request.direction = body["truncate"], body["truncation_direction"]
+    return request
+
+
+def embed(task: FeatureExtraction, limit: int) -> Endpoint:
+    schema = Object({"inputs": texts_schema(limit),
+                     "normalize": Boolean(default=True, description="scale each vector to unit length"),
+                     "dimensions": task.parameters()["dimensions"], **truncation()}, required=("inputs",))
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
+
+        def render(result: Result) -> Any:
+            return task.embed(result.rows, body["normalize"], body.get("dimensions"))
+
+        return _cut(Request(texts), body), render
+
+    return Endpoint("/embed", TEI, "Embed texts (TEI)", {"type": "array", "items": FLOATS}, body=schema,
+                    prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+
+
+def rerank(task: Ranking, limit: int) -> Endpoint:
+    schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
+                     "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
+                     **truncation()}, required=("query", "texts"))
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        def render(result: Result) -> Any:
+            scores = task.scores(result.rows, body["raw_scores"])
+            ranked = []
+            for i in task.order(scores, None):
+                item: dict[str, Any] = {"index": i, "score": float(scores[i])}
+                if body["return_text"]:
+                    item["text"] = body["texts"][i]
+                ranked.append(item)
+            return ranked
+
+        return _cut(task.pairs(body["query"], body["texts"]), body), render
+
+    return Endpoint("/rerank", TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
+                    prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)
+
+
+def tokenize(tokenizer: TextTokenizer, limit: int) -> Endpoint:
+    schema = Object({"inputs": texts_schema(limit), "add_special_tokens": Boolean(default=True)},
+                    required=("inputs",))
+
+    def prepare(body: dict[str, Any]) -> tuple[None, Render]:
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
+
+        def render(_: None) -> Any:
+            answer = []
+            for text, encoding in zip(texts, tokenizer.tokens(texts, body["add_special_tokens"])):
+                tokens = []
+                for token_id, token, special, (start, stop) in zip(encoding.ids, encoding.tokens,
+                                                                   encoding.special_tokens_mask, encoding.offsets):
+                    if special:
+                        tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+                    else:
+                        tokens.append({"id": token_id, "text": text[start:stop], "special": False,
+                                       "start": start, "stop": stop})
+                answer.append(tokens)
+            return answer
+
+        return None, render
+
+    token = {"type": "object", "properties": {"id": {"type": "integer"}, "text": {"type": "string"},
+                                              "special": {"type": "boolean"},
+                                              "start": {"type": "integer", "nullable": True},
+                                              "stop": {"type": "integer", "nullable": True}}}
+    answer = {"type": "array", "items": {"type": "array", "items": token}}
+    return Endpoint("/tokenize", TEI, "Tokenize texts (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)
+
+
+def decode(tokenizer: TextTokenizer, limit: int) -> Endpoint:
+    token = Integer(minimum=0, maximum=tokenizer.vocab_size - 1)
+    schema = Object({"ids": OneOf((Array(token), Array(Array(token), max_items=limit)),
+                                  "a list of token ids or a list of lists of token ids"),
+                     "skip_special_tokens": Boolean(default=True)}, required=("ids",))
+
+    def prepare(body: dict[str, Any]) -> tuple[None, Render]:
+        ids = body["ids"] if isinstance(body["ids"][0], list) else [body["ids"]]
+        return None, lambda _: tokenizer.decode(ids, body["skip_special_tokens"])
+
+    answer = {"type": "array", "items": {"type": "string"}}
+    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare,
+                    errors=ERRORS)

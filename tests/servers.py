@@ -1,0 +1,60 @@
+"""Real `python -m infinity serve` processes on 127.0.0.1, for tests that talk HTTP to them."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT = 120.0  # a hang guard, never a performance expectation
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """Start a server and wait until /health/ready answers 200; kill it on the way out."""
+    port = free_port()
+    environ = {**os.environ, "INFINITY_THREADS": "1", "INFINITY_LOG_LEVEL": "info", **(env or {})}
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port),
+                                    *args], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the server never became ready"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield Server(process, port, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
