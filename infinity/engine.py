@@ -6,8 +6,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from infinity.manifest import Manifest
+from infinity.manifest import Manifest, artifact_file
 from infinity.tokenization import Batch
+
+QUIET = ort.RunOptions()
+QUIET.log_severity_level = 4  # fatal only
 
 
 class EngineError(RuntimeError):
@@ -17,6 +20,8 @@ class EngineError(RuntimeError):
 class Engine:
     def __init__(self, directory: Path | str, manifest: Manifest, threads: int | None = None,
                  providers: list[str] | None = None, spin_wait: bool = True) -> None:
+        if hasattr(ort, "disable_telemetry_events"):
+            ort.disable_telemetry_events()  # no usage events leave the server
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -28,15 +33,19 @@ class Engine:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers or manifest.target.providers
         provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
-        self.session = ort.InferenceSession(str(Path(directory) / manifest.model.file), options,
+        self.session = ort.InferenceSession(str(artifact_file(directory, manifest.model.file)), options,
                                             providers=providers, provider_options=provider_options)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = self.session.get_outputs()[0].name
 
-    def run(self, batch: Batch) -> np.ndarray:
+    def run(self, batch: Batch, quiet: bool = False) -> np.ndarray:
+        """quiet: a failure is only raised, not also logged by onnxruntime (for probes whose failure is an answer)."""
         feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                  "token_type_ids": batch.token_type_ids}
+        inputs = {name: feeds[name] for name in self.input_names}
         try:
-            return self.session.run([self.output_name], {name: feeds[name] for name in self.input_names})[0]
+            if quiet:
+                return self.session.run([self.output_name], inputs, QUIET)[0]
+            return self.session.run([self.output_name], inputs)[0]
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise EngineError(f"inference failed: {exc}") from exc

@@ -11,12 +11,16 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+
+from infinity.manifest_schema import conform
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
+POOLINGS = ("mean", "cls", "max")
+ACTIVATIONS = ("sigmoid", "softmax", "none")
 
 
 class ManifestError(ValueError):
@@ -90,6 +94,9 @@ class Parity:
     failures: list[str] = field(default_factory=list)
     host_cpu_flags: list[str] = field(default_factory=list)
     overridden: bool = False
+    probe_set: str = ""  # which texts: the held-out validation set, never the ones the optimizer tuned on
+    modes: dict[str, dict[str, float]] = field(default_factory=dict)  # metrics per way of serving: alone, batched
+    batch_invariance: dict[str, float] = field(default_factory=dict)  # an input's answer alone vs inside a batch
 
 
 @dataclass
@@ -107,30 +114,25 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def public_model_id(self) -> str:
+        """The source model as clients may see it: a hub id as is, a local path as its last component only."""
+        return public_model_id(self.source.model)
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, data: Any) -> "Manifest":
+        if not isinstance(data, dict):
+            raise ManifestError("manifest is malformed: it must be a JSON object")
+        version = data.get("schema_version")
+        if type(version) is not int:
+            raise ManifestError(f"manifest schema_version must be the integer {SCHEMA_VERSION}, not {version!r}")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(f"manifest schema version {version} is not supported (expected {SCHEMA_VERSION})")
         try:
-            version = data["schema_version"]
-            if version != SCHEMA_VERSION:
-                raise ManifestError(f"manifest schema version {version} is not supported (expected {SCHEMA_VERSION})")
-            task = dict(data["task"])
-            if task.get("id2label") is not None:
-                task["id2label"] = {int(k): v for k, v in task["id2label"].items()}
-            manifest = cls(
-                source=Source(**data["source"]),
-                target=Target(**data["target"]),
-                model=ModelFile(**data["model"]),
-                tokenizer=TokenizerFile(**data["tokenizer"]),
-                task=TaskFacts(**task),
-                optimization=Optimization(**data["optimization"]),
-                parity=Parity(**data["parity"]),
-                schema_version=version,
-                created_at=data.get("created_at", ""),
-            )
-        except (KeyError, TypeError) as exc:
+            manifest = conform(cls, data, "")
+        except ValueError as exc:
             raise ManifestError(f"manifest is malformed: {exc}") from None
-        if manifest.source.task not in TASKS:
-            raise ManifestError(f"unknown task {manifest.source.task!r}")
+        check_facts(manifest)
         return manifest
 
     def save(self, directory: Path) -> None:
@@ -157,10 +159,65 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def public_model_id(model: str) -> str:
+    if PurePosixPath(model).is_absolute() or PureWindowsPath(model).is_absolute() or model.startswith(("~", ".")):
+        return PurePosixPath(model.replace("\\", "/").rstrip("/")).name or "model"
+    return model
+
+
+def _inside(name: str, where: str) -> None:
+    """A file the manifest names must be a plain relative path: nothing absolute, nothing climbing out."""
+    if (not name.strip() or "\x00" in name or "\\" in name or PurePosixPath(name).is_absolute()
+            or PureWindowsPath(name).is_absolute() or ".." in PurePosixPath(name).parts):
+        raise ManifestError(f"manifest field {where} must name a file inside the artifact directory, not {name!r}")
+
+
+def check_facts(manifest: Manifest) -> None:
+    """What the types alone do not say; every failure is one line naming the field."""
+    if manifest.source.task not in TASKS:
+        raise ManifestError(f"unknown task {manifest.source.task!r}")
+    _inside(manifest.model.file, "model.file")
+    _inside(manifest.tokenizer.file, "tokenizer.file")
+    for index, name in enumerate(manifest.tokenizer.extra_files):
+        _inside(name, f"tokenizer.extra_files[{index}]")
+    for where, digest in (("model.sha256", manifest.model.sha256), ("tokenizer.sha256", manifest.tokenizer.sha256)):
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ManifestError(f"manifest field {where} must be 64 lowercase hex digits, not {digest!r}")
+    if not manifest.target.providers:
+        raise ManifestError("manifest field target.providers must name at least one execution provider")
+    facts = manifest.task
+    checks = [
+        ("tokenizer.max_length", manifest.tokenizer.max_length >= 1, "at least 1"),
+        ("tokenizer.pad_id", manifest.tokenizer.pad_id >= 0, "at least 0"),
+        ("task.pooling", facts.pooling in (None, *POOLINGS), f"one of {', '.join(POOLINGS)}"),
+        ("task.score_activation", facts.score_activation in (None, *ACTIVATIONS), f"one of {', '.join(ACTIVATIONS)}"),
+        ("task.embedding_dim", facts.embedding_dim is None or facts.embedding_dim >= 1, "at least 1"),
+        ("task.id2label", all(key >= 0 for key in facts.id2label or {}), "keyed by label indexes from 0"),
+    ]
+    for where, ok, expected in checks:
+        if not ok:
+            value = facts.id2label if where == "task.id2label" else _field(manifest, where)
+            raise ManifestError(f"manifest field {where} must be {expected}, not {value!r}")
+
+
+def _field(manifest: Manifest, where: str) -> Any:
+    section, name = where.split(".")
+    return getattr(getattr(manifest, section), name)
+
+
+def artifact_file(directory: Path | str, name: str) -> Path:
+    """The path of a file the manifest names, refused if it (or a link on its way) leads out of the directory."""
+    root = Path(directory).resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ManifestError(f"{name} leads outside the artifact directory")
+    return path
+
+
 def verify_checksums(directory: Path | str, manifest: Manifest) -> None:
     directory = Path(directory)
     for name, expected in ((manifest.model.file, manifest.model.sha256), (manifest.tokenizer.file, manifest.tokenizer.sha256)):
-        path = directory / name
+        path = artifact_file(directory, name)
         if not path.is_file():
             raise ManifestError(f"{name} is missing from {directory}")
         actual = sha256_file(path)

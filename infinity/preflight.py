@@ -6,10 +6,12 @@ from pathlib import Path
 
 import onnxruntime
 
+from infinity.engine import EngineError
 from infinity.hostinfo import missing_cpu_flags
 from infinity.manifest import Manifest, ManifestError, verify_checksums
 from infinity.model import LoadedModel
 from infinity.settings import Settings
+from infinity.tokenization import Encoded, pad_batch
 
 log = logging.getLogger("infinity.preflight")
 
@@ -48,6 +50,11 @@ def check(directory: Path, settings: Settings) -> Manifest:
 
 def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     check(directory, settings)
+    return open_checked(directory, settings, threads)
+
+
+def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedModel:
+    """Load an artifact that passed check(), and make sure it runs what the manifest promises."""
     try:
         model = LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait)
     except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
@@ -59,4 +66,19 @@ def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     if wanted not in model.engine.session.get_providers():
         raise StartupError(f"the {model.manifest.target.name!r} target needs {wanted}, which onnxruntime could "
                            "not create here (no GPU, or its CUDA libraries are missing)")
+    check_max_length(model)
     return model
+
+
+def check_max_length(model: LoadedModel) -> None:
+    """One input of the manifest's max_length must run: the server admits inputs up to it, so a model whose
+    position embeddings are shorter would otherwise fail every batch holding a long input."""
+    length = model.manifest.tokenizer.max_length
+    probe = Encoded(ids=[model.tokenizer.pad_id] * length, type_ids=[0] * length, offsets=[(0, 0)] * length,
+                    special=[0] * length, word_ids=[None] * length)
+    try:
+        model.engine.run(pad_batch([probe], model.tokenizer.pad_id), quiet=True)
+    except EngineError as exc:
+        reason = str(exc).partition("Status Message: ")[2] or str(exc)
+        raise StartupError(f"tokenizer.max_length {length} is more than the model accepts: one input of {length} "
+                           f"tokens fails ({reason.splitlines()[0][:160]})") from None

@@ -70,3 +70,66 @@ def test_write_atomically_replaces_an_existing_artifact(tmp_path):
     assert [p.name for p in old.iterdir()] == ["fresh"]
     assert not new.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["artifact"]
+
+
+def edited(directory, **changes):
+    """The manifest's JSON with `section.field` (or a top-level key) replaced, as written to disk."""
+    data = json.loads(json.dumps(make_manifest(directory).to_dict()))
+    for where, value in changes.items():
+        section, _, name = where.partition("__")
+        if name:
+            data[section][name] = value
+        else:
+            data[section] = value
+    (directory / "manifest.json").write_text(json.dumps(data))
+    return directory
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"task__id2label": {"zero": "NEG"}}, "task.id2label keys must be integers, not 'zero'"),
+    ({"schema_version": "1"}, "schema_version must be the integer 1, not '1'"),
+    ({"model__file": "/etc/hostname"}, "model.file must name a file inside the artifact directory"),
+    ({"tokenizer__file": "../tokenizer.json"}, "tokenizer.file must name a file inside the artifact directory"),
+    ({"tokenizer__max_length": "512"}, "tokenizer.max_length must be an integer, not '512'"),
+    ({"tokenizer__max_length": 0}, "tokenizer.max_length must be at least 1"),
+    ({"model__sha256": "abc"}, "model.sha256 must be 64 lowercase hex digits"),
+    ({"task__pooling": "median"}, "task.pooling must be one of mean, cls, max"),
+    ({"parity__passed": "yes"}, "parity.passed must be true or false"),
+    ({"target__providers": []}, "target.providers must name at least one"),
+    ({"source__extra": 1}, "unknown field source.extra"),
+    ({"task": [1]}, "task must be an object"),
+])
+def test_every_field_is_checked_with_a_one_line_error(tmp_path, changes, message):
+    with pytest.raises(ManifestError) as caught:
+        Manifest.load(edited(tmp_path, **changes))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_schema_version_of_another_number_is_named(tmp_path):
+    with pytest.raises(ManifestError, match=r"schema version 2 is not supported \(expected 1\)"):
+        Manifest.load(edited(tmp_path, schema_version=2))
+
+
+def test_a_file_linked_from_outside_the_artifact_is_refused(tmp_path):
+    artifact, outside = tmp_path / "artifact", tmp_path / "outside.onnx"
+    artifact.mkdir()
+    manifest = make_manifest(artifact)
+    outside.write_bytes((artifact / "model.onnx").read_bytes())
+    (artifact / "model.onnx").unlink()
+    (artifact / "model.onnx").symlink_to(outside)
+    with pytest.raises(ManifestError, match="model.onnx leads outside the artifact directory"):
+        verify_checksums(artifact, manifest)
+
+
+@pytest.mark.parametrize(("model", "public"), [
+    ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
+    ("/home/builder/models/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"),
+    ("/home/builder/models/all-MiniLM-L6-v2/", "all-MiniLM-L6-v2"),
+    ("./models/minilm", "minilm"),
+    ("~/minilm", "minilm"),
+    ("C:\\models\\minilm", "minilm"),
+])
+def test_the_public_model_id_never_shows_a_build_host_path(tmp_path, model, public):
+    manifest = make_manifest(tmp_path)
+    manifest.source.model = model
+    assert manifest.public_model_id == public

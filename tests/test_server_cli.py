@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from infinity.cli import build_parser, main, settings_from
-from infinity.preflight import StartupError, check
+from infinity.preflight import StartupError, check, load
 from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +110,27 @@ def test_a_changed_file_is_refused(editable: Path, capsys: pytest.CaptureFixture
 def test_an_unknown_schema_version_is_refused(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
     edit(editable, schema_version=99)
     assert "schema version 99" in refusal(editable, capsys)
+
+
+def test_a_non_integer_label_index_is_refused_in_one_line(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(editable, task={"id2label": {"zero": "LABEL_0"}})
+    assert "task.id2label keys must be integers, not 'zero'" in refusal(editable, capsys)
+
+
+def test_a_model_file_outside_the_artifact_is_refused(editable: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere" / "model.onnx"
+    outside.parent.mkdir()
+    os.replace(editable / "model.onnx", outside)
+    edit(editable, model={"file": str(outside)})
+    with pytest.raises(StartupError, match="model.file must name a file inside the artifact directory"):
+        check(editable, Settings())
+
+
+def test_a_max_length_beyond_the_position_embeddings_is_refused(editable: Path) -> None:
+    edit(editable, tokenizer={"max_length": 100000})
+    with pytest.raises(StartupError, match="tokenizer.max_length 100000 is more than the model accepts") as caught:
+        load(editable, Settings(), threads=1)
+    assert "\n" not in str(caught.value)
 
 
 def test_a_refusal_is_one_line_without_traceback(tmp_path: Path) -> None:
