@@ -15,8 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity import api, openapi
-from infinity.api.endpoint import View, handle
-from infinity.api.endpoint import Endpoint
+from infinity.api.endpoint import Endpoint, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import version
 from infinity.auth import ApiKeys
@@ -31,8 +30,7 @@ class State(TypedDict):
     service: Service
 
 
-async def http_error(request: HTTPRequest, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
+async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
     error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
     return HF.failure(exc.status_code, str(exc.detail), error_type, dict(exc.headers or {}))
 
@@ -93,7 +91,7 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
     guarded = {e.path: e.family for e in everything if e.protected}
     middleware = [Middleware(LastResort), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={HTTPException: http_error})
-    title = f"infinity: {model.manifest.source.task} with {model.manifest.source.model}"
+                    exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
+    title = f"infinity: {model.manifest.source.task} with {model.manifest.public_model_id}"
     app.state.openapi = openapi.document(served, title, version(), secured=bool(settings.api_keys))
     return app

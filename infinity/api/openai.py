@@ -66,7 +66,7 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 
 
 def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[Endpoint]:
-    name = task.manifest.source.model
+    name = task.manifest.public_model_id
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -91,7 +91,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[End
 
 
 def models(manifest: Manifest, started: int, protected: bool) -> Endpoint:
-    listing = {"object": "list", "data": [{"id": manifest.source.model, "object": "model", "created": started,
+    listing = {"object": "list", "data": [{"id": manifest.public_model_id, "object": "model", "created": started,
                                            "owned_by": "infinity"}]}
 
     async def view(request: HTTPRequest) -> Response:

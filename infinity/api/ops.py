@@ -36,7 +36,7 @@ async def info(request: HTTPRequest) -> Response:
     service: Service = request.state.service
     manifest, settings = service.model.manifest, service.settings
     return JSONResponse({
-        "model": {"id": manifest.source.model, "revision": manifest.source.revision,
+        "model": {"id": manifest.public_model_id, "revision": manifest.source.revision,
                   "type": manifest.source.model_type},
         "task": manifest.source.task,
         "target": {"name": manifest.target.name, "providers": manifest.target.providers,
