@@ -5,9 +5,10 @@ Routes never see the engine; the core never sees a route's JSON.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -65,6 +66,10 @@ class Service:
         self.warm = False
         self.healthy = False
         self._probe_lock = asyncio.Lock()
+        # requests between admission and answer: a full queue plus one full batch, so a 429 is decided by
+        # counting, before any body is read, parsed or tokenized
+        self.in_flight = 0
+        self.max_in_flight = settings.max_queue + settings.max_batch_size
 
     async def start(self) -> None:
         """Start the engine thread and warm it up; a failed warm-up leaves the service unhealthy, not dead."""
@@ -99,12 +104,18 @@ class Service:
                     log.warning("readiness probe failed: %s", exc)
         return self.healthy
 
-    def admit(self) -> None:
-        """Refuse before reading the body: a full queue answers 429 without parsing or tokenizing anything."""
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """Hold a place from before the body is read until the answer is ready; none free is a 429 at once."""
         if not self.warm:
             raise NotReady("the model is not ready yet")
-        if self.batcher.depth >= self.settings.max_queue:
-            raise Overloaded(f"{self.batcher.depth} requests are already waiting; retry later")
+        if self.in_flight >= self.max_in_flight or self.batcher.depth >= self.settings.max_queue:
+            raise Overloaded(f"{self.in_flight} requests are already in flight; retry later")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     async def run(self, request: Request) -> Result:
         """Tokenize, queue and run one request as a unit (never split across batches)."""

@@ -267,8 +267,31 @@ def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
 
     async def main() -> None:
         with pytest.raises(NotReady) as caught:
-            Service(model, Settings()).admit()
+            with Service(model, Settings()).admission():
+                pass
         assert caught.value.status_code == 503
 
     asyncio.run(main())
+
+
+def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedModel,
+                                                                   session: ControlledSession) -> None:
+    """With every place taken, a request is answered 429 by counting alone: nothing of it is tokenized."""
+    settings = Settings(max_queue=1, max_batch_size=1, max_inputs_per_request=1)
+    with TestClient(create_app(model, settings)) as client, ThreadPoolExecutor(2) as pool:
+        session.release.clear()
+        model.engine.session = session
+        running = pool.submit(client.post, "/predict", json={"inputs": "first"})
+        until(session.entered.is_set)
+        queued = pool.submit(client.post, "/v1/rerank", json={"inputs": "second"})  # 404: holds no place
+        assert queued.result(WAIT).status_code == 404
+        waiting = pool.submit(client.post, "/predict", json={"inputs": "second"})
+        until(lambda: gauge(client, "infinity_queue_depth") == 1)
+        tokenized = gauge(client, "infinity_tokenization_duration_seconds_count")
+        refused = client.post("/predict", content=b'{"inputs": "' + b"long text " * 200 + b'"}')
+        assert gauge(client, "infinity_tokenization_duration_seconds_count") == tokenized
+        session.release.set()
+        assert [f.result(WAIT).status_code for f in (running, waiting)] == [200, 200]
+    assert_error(refused, 429, "overloaded")
+    assert "Retry-After" in refused.headers or "retry-after" in refused.headers
 

@@ -67,6 +67,10 @@ class Endpoint:
     protected: bool = True  # needs an API key when the server has keys
     errors: dict[int, str] = field(default_factory=dict)  # documented error statuses
 
+    def __post_init__(self) -> None:
+        if (self.view is None) == (self.body is None or self.prepare is None):
+            raise ValueError(f"{self.path}: an endpoint has either a view, or a body schema and a prepare")
+
     @property
     def inference(self) -> bool:
         return self.prepare is not None
@@ -123,23 +127,22 @@ async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
     service: Service = request.state.service
     started = time.perf_counter()
     try:
-        service.admit()
-        body = await read_body(request, service.settings.max_payload_bytes)
-        assert endpoint.body is not None and endpoint.prepare is not None
-        core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))
-        result = None
-        if core is not None:
-            if service.batcher.idle:
-                # Nothing to wait behind: the request starts once tokenized, and a running batch is never
-                # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
-                result = await service.run(core)
-            else:
-                result = await _unless_disconnected(request, service.run(core))
-                if result is None:
-                    return _closed(endpoint, service)
-        answered = time.perf_counter()
-        small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
-        content = await service.offload(render, result, small=small)
+        with service.admission():
+            body = await read_body(request, service.settings.max_payload_bytes)
+            core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
+            result = None
+            if core is not None:
+                if service.batcher.idle:
+                    # Nothing to wait behind: the request starts once tokenized, and a running batch is never
+                    # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
+                    result = await service.run(core)
+                else:
+                    result = await _unless_disconnected(request, service.run(core))
+                    if result is None:
+                        return _closed(endpoint, service)
+            answered = time.perf_counter()
+            small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
+            content = await service.offload(render, result, small=small)
     except InfinityError as exc:
         return failure(endpoint, service, exc)
     except ClientDisconnect:
