@@ -105,6 +105,8 @@ def assert_error(response: httpx.Response, status: int, error_type: str) -> dict
     (b'{"inputs": [1, 2]}', 422, "validation"),
     (b'{"inputs": ""}', 400, "empty"),
     (b'{"inputs": "   "}', 400, "empty"),
+    (b'{"inputs": "\\u0000\\u0000"}', 400, "empty"),
+    (b'{"inputs": ["fine", "\\u200b\\u200d \\ufeff"]}', 400, "empty"),
     (b'{"inputs": []}', 400, "empty"),
     (b'{"inputs": ["a", "b", "c", "d", "e"]}', 413, "payload_too_large"),
     (b'{"inputs": "' + b"x" * 5000 + b'"}', 413, "payload_too_large"),

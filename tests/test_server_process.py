@@ -6,6 +6,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -57,3 +58,42 @@ def test_serves_then_drains_an_in_flight_request_on_sigterm(
     assert len(orjson.loads(rest.split(b"\r\n\r\n", 1)[1])) == 384
     assert process.wait(WAIT) == 0, log.read_text()
     assert "Traceback" not in log.read_text()
+
+
+def test_a_client_that_leaves_mid_body_is_counted_as_client_closed(
+        server: tuple[subprocess.Popen[bytes], int, Path]) -> None:
+    process, port, log = server
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\": \"")
+            time.sleep(0.1)
+    deadline = time.monotonic() + WAIT
+    while 'error_type="client_closed"} 3' not in (metrics := httpx.get(f"http://127.0.0.1:{port}/metrics").text):
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.1)
+    assert 'error_type="internal"' not in metrics
+    text = log.read_text()
+    assert "Traceback" not in text and "ERROR" not in text
+    assert text.count("the client disconnected") == 3
+
+
+def test_requests_still_waiting_at_the_drain_deadline_get_a_json_503(minilm_fp32_artifact: Path,
+                                                                     tmp_path: Path) -> None:
+    long = " ".join(["a long sentence that fills the model's whole context window"] * 40)
+    body = {"inputs": [long] * 32}
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--drain-timeout", "1") as server:
+        with ThreadPoolExecutor(24) as pool:
+            calls = [pool.submit(httpx.post, server.url + "/predict", json=body, timeout=WAIT) for _ in range(24)]
+            deadline = time.monotonic() + WAIT
+            while "infinity_queue_depth 0" in httpx.get(server.url + "/metrics").text:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            server.process.send_signal(signal.SIGTERM)
+            answers = [call.result(WAIT) for call in calls]
+        assert server.process.wait(WAIT) == 0
+    statuses = [answer.status_code for answer in answers]
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for answer in answers:
+        if answer.status_code == 503:
+            assert answer.json()["error_type"] == "unhealthy"
+    assert "Traceback" not in server.log.read_text()

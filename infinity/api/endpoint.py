@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from infinity.errors import InfinityError, PayloadTooLarge, ValidationError
+from infinity.errors import InfinityError, NotReady, PayloadTooLarge, ValidationError
 from infinity.schema import Schema
 from infinity.service import INLINE_CHARS, Result, Service
 from infinity.tasks import Request
@@ -147,6 +147,9 @@ async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
         return failure(endpoint, service, exc)
     except ClientDisconnect:
         return _closed(endpoint, service)
+    except asyncio.CancelledError:
+        # Only the server cancels a handler: its drain deadline passed with this request unanswered.
+        return failure(endpoint, service, NotReady("the server shut down before this request was answered"))
     done = time.perf_counter()
     timings = result.timings if result is not None else None
     headers = {"x-total-time": _ms(done - started)}
