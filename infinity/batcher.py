@@ -52,20 +52,29 @@ class _Entry:
         return max(len(item) for item in self.items)
 
 
-def _settle(future: asyncio.Future[Outcome], outcome: Outcome | None, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(outcome)  # type: ignore[arg-type]
+Answer = tuple[_Entry, Outcome | None, BaseException | None]
 
 
-def _deliver(entry: _Entry, outcome: Outcome | None = None, error: BaseException | None = None) -> None:
-    try:
-        entry.loop.call_soon_threadsafe(_settle, entry.future, outcome, error)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-        pass
+def _settle(answers: list[Answer]) -> None:
+    for entry, outcome, error in answers:
+        if entry.future.done():
+            continue
+        if error is not None:
+            entry.future.set_exception(error)
+        else:
+            entry.future.set_result(outcome)  # type: ignore[arg-type]
+
+
+def _deliver(answers: list[Answer]) -> None:
+    """One wake-up per event loop for a whole batch, not one per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
+    for answer in answers:
+        by_loop.setdefault(answer[0].loop, []).append(answer)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, group)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+            pass
 
 
 class Batcher:
@@ -156,8 +165,7 @@ class Batcher:
                 self._running = []
             error: InfinityError = NotReady("the server shut down before this request ran") if self._stop \
                 else BackendError("the engine thread stopped")
-            for entry in waiting:
-                _deliver(entry, error=error)
+            _deliver([(entry, None, error) for entry in waiting])
 
     def _next_batch(self) -> list[_Entry] | None:
         with self._cond:
@@ -188,19 +196,21 @@ class Batcher:
         except BaseException as exc:
             error = exc if isinstance(exc, InfinityError) else BackendError(str(exc) or repr(exc))
             log.error("batch of %d failed: %s", len(items), error)
-            for entry in batch:
-                _deliver(entry, error=error)
+            _deliver([(entry, None, error) for entry in batch])
             self._running = []
             self._report(BatchReport(len(items), padded, time.perf_counter() - started, error))
             if not isinstance(exc, Exception):
                 raise
             return
         seconds = time.perf_counter() - started
+        answers: list[Answer] = []
         offset = 0
         for entry in batch:
             count = len(entry.items)
-            _deliver(entry, Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded))
+            outcome = Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded)
+            answers.append((entry, outcome, None))
             offset += count
+        _deliver(answers)
         self._running = []
         self._report(BatchReport(len(items), padded, seconds))
 
