@@ -53,7 +53,7 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
         if not path.is_file():
             quantize_static_for_timing(plain, path, fmt)
         variants[f"int8 static (calibrated activation scales), plain export, {fmt}"] = path
-    _, artifact = prepare()
+    _, artifact, _ = prepare()
     variants["int8 served artifact (MiniLM's recipe: outlier split + float-kept roles)"] = artifact / "model.onnx"
     return variants
 

@@ -55,3 +55,17 @@ def test_bench_runs_as_modules():
     import subprocess
     run = subprocess.run([sys.executable, "-m", "bench.run", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "--quick" in run.stdout
+
+
+def test_short_request_figures_come_from_one_alternating_run(server, minilm_fp32_artifact: Path):  # noqa: F811
+    from bench.short import short_requests
+    from infinity.model import LoadedModel
+
+    _, port, _ = server
+    model = LoadedModel.load(minilm_fp32_artifact, threads=1)
+    result = short_requests(port, model, str(minilm_fp32_artifact / "tokenizer.json"), seq=8, rounds=2, seconds=0.2)
+    assert len(result["rounds"]) == 2
+    for row in result["rounds"]:
+        assert row["c16_over_engine8"] == row["http_c16_rps"] / row["in_process_batch8_seq_s"] > 0
+        assert row["c1_overhead_ms"] == row["http_c1_p50_ms"] - row["in_process_p50_ms"]
+    assert result["median"]["http_c16_p99_ms"] >= result["median"]["http_c16_p50_ms"] > 0
