@@ -222,42 +222,35 @@ def plots(data: dict) -> None:
 
     rows = data["side_by_side"]
     seqs = [r["seq"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(seqs, [r["ours"]["throughput_rps"] for r in rows], "o-", label="ours (HTTP, measured)")
-    ax.plot(seqs, [r["vanilla"]["throughput_rps"] for r in rows], "s-", label="vanilla transformers (HTTP, measured)")
-    ax.plot(seqs, [r["infinity_published_rps"] for r in rows], "^--", label="HF Infinity (published)")
-    ax.plot(seqs, [1.5 * r["infinity_published_rps"] for r in rows], ":", color="grey", label="1.5x Infinity")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)", ylabel="requests / s",
-           title="DistilBERT-base, batch 1, concurrency 1")
-    ax.set_xticks(seqs, [str(s) for s in seqs])
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "throughput.png", dpi=110)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(seqs, [r["ours"]["p99_ms"] for r in rows], "o-", label="ours p99")
-    ax.plot(seqs, [r["vanilla"]["p99_ms"] for r in rows], "s-", label="vanilla p99")
-    ax.plot(seqs, [1000 / r["infinity_published_rps"] for r in rows], "^--", label="HF Infinity (1/published req/s)")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)", ylabel="ms", title="p99 latency")
-    ax.set_xticks(seqs, [str(s) for s in seqs])
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "p99.png", dpi=110)
+
+    def figure(name: str, lines: list[tuple[list[float], str, str]], **axes: str) -> None:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for values, style, label in lines:
+            ax.plot(seqs, values, style, label=label)
+        ax.set(xscale="log", xlabel="sequence length (tokens)", **axes)
+        ax.set_xticks(seqs, [str(s) for s in seqs])
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(RESULTS / name, dpi=110)
+
+    published = [r["infinity_published_rps"] for r in rows]
+    figure("throughput.png", [([r["ours"]["throughput_rps"] for r in rows], "o-", "ours (HTTP, measured)"),
+                              ([r["vanilla"]["throughput_rps"] for r in rows], "s-",
+                               "vanilla transformers (HTTP, measured)"),
+                              (published, "^--", "HF Infinity (published)"),
+                              ([1.5 * p for p in published], ":", "1.5x Infinity")],
+           yscale="log", ylabel="requests / s", title="DistilBERT-base, batch 1, concurrency 1")
+    figure("p99.png", [([r["ours"]["p99_ms"] for r in rows], "o-", "ours p99"),
+                       ([r["vanilla"]["p99_ms"] for r in rows], "s-", "vanilla p99"),
+                       ([1000 / p for p in published], "^--", "HF Infinity (1/published req/s)")],
+           yscale="log", ylabel="ms", title="p99 latency")
     # The fair view: each side's speed-up over its own vanilla column, ours measured side by side here,
     # Infinity's from its published table (measured on Ice Lake, not here).
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(seqs, [r["ours_vs_vanilla"] for r in rows], "o-", label="ours / vanilla (measured side by side)")
-    ax.plot(seqs, [r["infinity_published_rps"] / r["vanilla_published_rps"] for r in rows], "^--",
-            label="HF Infinity / its vanilla (published)")
-    ax.axhline(1, color="grey", lw=0.8)
-    ax.set(xscale="log", xlabel="sequence length (tokens)", ylabel="speed-up over vanilla transformers",
-           title="Speed-up over vanilla, batch 1, concurrency 1")
-    ax.set_xticks(seqs, [str(s) for s in seqs])
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "speedup.png", dpi=110)
+    figure("speedup.png", [([r["ours_vs_vanilla"] for r in rows], "o-", "ours / vanilla (measured side by side)"),
+                           ([p / r["vanilla_published_rps"] for p, r in zip(published, rows)], "^--",
+                            "HF Infinity / its vanilla (published)")],
+           ylabel="speed-up over vanilla transformers", title="Speed-up over vanilla, batch 1, concurrency 1")
 
 
 def outlier_summary(quantization: dict) -> str:
