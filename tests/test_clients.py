@@ -83,6 +83,9 @@ def test_openai_token_id_inputs_are_embedded_as_given(embedder: Server) -> None:
     np.testing.assert_allclose(vector, predicted(embedder, TEXTS[0]), atol=1e-5)
     outside = post(embedder, "/v1/embeddings", {"input": [[101, 10 ** 9]], "model": "m"})
     assert outside.status_code == 400 and outside.json()["error"]["type"] == "invalid_request_error"
+    longest = httpx.get(embedder.url + "/info", headers={"authorization": f"Bearer {KEY}"}).json()["max_length"]
+    too_long = post(embedder, "/v1/embeddings", {"input": [101] * 100_000, "model": "m"})
+    assert too_long.status_code == 413 and f"limit is {longest}" in too_long.json()["error"]["message"]
 
 
 def test_openai_models_lists_the_one_model(embedder: Server) -> None:

@@ -36,8 +36,9 @@ ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the mo
 
 
 def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
-    token = Integer(minimum=0, maximum=vocabulary - 1)
-    inputs = OneOf((Text(), Array(Text(), max_items=limit), Array(token), Array(Array(token), max_items=limit)),
+    # a token list longer than the model takes is refused on its length, before its ids are looked at
+    ids = Array(Integer(minimum=0, maximum=vocabulary - 1), max_items=task.manifest.tokenizer.max_length)
+    inputs = OneOf((Text(), Array(Text(), max_items=limit), ids, Array(ids, max_items=limit)),
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
     return Object({
         "input": inputs,
