@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,14 +18,9 @@ from pathlib import Path
 import httpx
 
 from bench.loadgen import closed_loop
+from bench.process import free_port
 from bench.texts import text_with_tokens
 from infinity.model import LoadedModel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def compare(port: int, model: LoadedModel, text: str, requests: int, block: int = 25) -> dict[str, float]:

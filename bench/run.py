@@ -15,7 +15,6 @@ import csv
 import hashlib
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import optimize
 from bench.loadgen import LoadResult, closed_loop
 from bench.model import build_distilbert_base
 from bench.overhead import compare
+from bench.process import Server, free_port
 from bench.short import HEADER, short_requests, table
 from bench.texts import text_with_tokens
 from infinity.hostinfo import cpu_flags
@@ -50,12 +50,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.machine()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_step(command: list[str]) -> None:
@@ -84,34 +78,6 @@ def prepare() -> tuple[Path, Path, Path]:
         run_step([*command, str(model), "--task", "sequence-classification", "--target", "auto",
                   "--keep-float-like", str(minilm), "--allow-failed-parity", "--out", str(artifact)])
     return model, artifact, minilm
-
-
-class Server:
-    def __init__(self, command: list[str], port: int) -> None:
-        self.port = port
-        env = {**os.environ, "INFINITY_ALLOW_FAILED_PARITY": "true", "INFINITY_ALLOW_CPU_MISMATCH": "true"}
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_ready(self, seconds: float = 120) -> None:
-        import urllib.request
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server on port {self.port} exited with {self.process.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"server on port {self.port} not ready after {seconds}s")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 def merge(results: list[LoadResult]) -> LoadResult:

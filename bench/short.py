@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench.loadgen import closed_loop
+from bench.process import Server, free_port
 from bench.stats import summarize
 from bench.texts import text_with_tokens
 from infinity.model import LoadedModel
@@ -77,8 +78,6 @@ HEADER = ["| model | seq | in-process p50 ms | HTTP c1 p50 ms | c1 overhead ms (
 
 
 def main() -> int:
-    from bench.run import Server, free_port
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--seq", type=int, default=8)

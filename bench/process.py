@@ -1,0 +1,41 @@
+"""Servers under test as child processes on 127.0.0.1: a free port, start, wait until ready, stop."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, command: list[str], port: int) -> None:
+        self.port = port
+        env = {**os.environ, "INFINITY_ALLOW_FAILED_PARITY": "true", "INFINITY_ALLOW_CPU_MISMATCH": "true"}
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_ready(self, seconds: float = 120) -> None:
+        import urllib.request
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server on port {self.port} exited with {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"server on port {self.port} not ready after {seconds}s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
