@@ -6,7 +6,6 @@ import dataclasses
 import ipaddress
 import logging
 import os
-import signal
 import sys
 import types
 import typing
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infinity.hostinfo import physical_cores
-from infinity.preflight import StartupError, load
+from infinity.preflight import StartupError, check, open_checked
 from infinity.settings import Settings
 
 ENV_PREFIX = "INFINITY_"
@@ -35,6 +34,11 @@ HELP = {
     "tokenizer_workers": "threads that tokenize and post-process",
     "drain_timeout": "seconds to finish in-flight requests after SIGTERM",
     "retry_after": "seconds sent in Retry-After with 429",
+    "max_header_bytes": "request line and headers in bytes; more is answered 431 without being parsed",
+    "max_connections": "open client connections; more are answered 503 and closed (lowered to fit the open-file limit)",
+    "header_timeout": "seconds for a request's headers to arrive; later: 408 and close",
+    "body_timeout": "seconds for a request's body to arrive once its headers have; later: 408 and close",
+    "keep_alive_timeout": "seconds an idle connection stays open between requests",
     "allow_cpu_mismatch": "serve although this CPU lacks the target's required flags",
     "allow_failed_parity": "serve an artifact whose parity check failed",
     "log_level": "debug, info, warning or error",
@@ -131,22 +135,18 @@ def warn_if_open(settings: Settings) -> None:
 
 
 def serve(directory: Path, settings: Settings) -> int:
-    import uvicorn
-
     from infinity.app import create_app
+    from infinity.server import bind, run
 
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)
-    model = load(directory, settings, threads)
-    config = uvicorn.Config(create_app(model, settings), host=settings.host, port=settings.port,
-                            log_level=settings.log_level, access_log=settings.access_log, lifespan="on",
-                            timeout_graceful_shutdown=settings.drain_timeout)
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal it shut down on; a quiet handler makes that a clean exit 0
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, frame: None)
-    server.run()
-    return 0 if server.started else 1
+    check(directory, settings)
+    sock = bind(settings.host, settings.port)
+    try:
+        model = open_checked(directory, settings, threads)
+        return run(create_app(model, settings), settings, sock)
+    finally:
+        sock.close()
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -20,6 +20,11 @@ class Settings:
     tokenizer_workers: int = 2
     drain_timeout: float = 30.0
     retry_after: int = 1
+    max_header_bytes: int = 16384  # request line and headers; more: 431
+    max_connections: int = 1024  # open client connections; more: 503 and close
+    header_timeout: float = 10.0  # seconds for a request's headers to arrive
+    body_timeout: float = 30.0  # seconds for a request's body to arrive once its headers have
+    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between requests
     allow_cpu_mismatch: bool = False
     allow_failed_parity: bool = False
     log_level: str = "info"
@@ -38,6 +43,13 @@ class Settings:
             raise ValueError("threads must be at least 1")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must not be negative")
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be more than 0")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        if self.max_header_bytes < 1024:
+            raise ValueError("max_header_bytes must be at least 1024")
         if self.max_inputs_per_request > self.max_batch_size:
             # a request is never split across batches
             raise ValueError("max_inputs_per_request must not exceed max_batch_size")

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +35,16 @@ class Server:
 
 
 @contextmanager
-def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
-    """Start a server and wait until /health/ready answers 200; kill it on the way out."""
+def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = None,
+            preexec_fn: Callable[[], None] | None = None) -> Iterator[Server]:
+    """Start a server and wait until /health/ready answers 200; kill it on the way out.
+    preexec_fn runs in the child before the server starts (e.g. to lower its open-file limit)."""
     port = free_port()
     environ = {**os.environ, "INFINITY_THREADS": "1", "INFINITY_LOG_LEVEL": "info", **(env or {})}
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port),
-                                    *args], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+                                    *args], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=preexec_fn)
     try:
         deadline = time.monotonic() + WAIT
         while True:

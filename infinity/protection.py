@@ -1,0 +1,214 @@
+"""Guards below the app: a bounded request head, a bounded number of connections, deadlines for slow clients.
+
+uvicorn's httptools protocol hands every byte to the parser, which joins a header value piece by piece
+(a 128 MB header cost 27 s of CPU on the event loop), and starts no timer until a first response is sent.
+This subclass gathers a request head itself and feeds it to the parser whole, once it is known to fit;
+the usual request, whose head arrives in one read, goes straight through after one search for its end.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("infinity.protection")
+
+LINGER_S = 1.0  # a refused client may read our answer (and we drop what it still sends) this long
+WARN_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int
+    max_connections: int
+    header_timeout: float
+    body_timeout: float
+
+
+def canned(status: int, reason: str, message: str, error_type: str, extra: str = "") -> bytes:
+    """A whole JSON error response, written straight to the socket (the app never sees these requests)."""
+    body = orjson.dumps({"error": message, "error_type": error_type})
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"{extra}connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+TIMEOUT = canned(408, "Request Timeout", "the request did not arrive in time", "timeout")
+BUSY = canned(503, "Service Unavailable", "too many open connections; retry later", "overloaded",
+              "retry-after: 1\r\n")
+
+
+def end_of_head(data: bytes | bytearray, start: int) -> int:
+    """Where a request head ends (just past its blank line, CRLF or bare LF), or -1 if it has not ended yet."""
+    crlf = data.find(b"\r\n\r\n", start)
+    lf = data.find(b"\n\n", start, len(data) if crlf < 0 else crlf)
+    if lf >= 0:
+        return lf + 2
+    return crlf + 4 if crlf >= 0 else -1
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits: Limits
+    too_large: bytes
+    idle_ones: dict[GuardedHttpToolsProtocol, None]  # open connections waiting for a request, longest first
+    last_warning = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.head = bytearray()  # a request head gathered here, not yet handed to the parser
+        self.in_message = False  # the parser has begun a request and not finished it
+        self.head_done = False  # ... and has all of its head
+        self.fed = 0  # head bytes the parser got while it held part of a head (a pipelined request)
+        self.deadline: asyncio.TimerHandle | None = None
+        self.refused = False
+
+    # connections
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
+            self.transport = transport
+            self._warn("refusing connections: %d are open, the limit", len(self.connections))
+            self._reject(BUSY)
+            return
+        super().connection_made(transport)
+        self.idle_ones[self] = None
+        self._arm(self.limits.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.idle_ones.pop(self, None)
+        if self.flow is None:  # refused before it was counted
+            return
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        waiting = self.pipeline or (self.cycle is not None and not self.cycle.response_complete)
+        if not (self.in_message or self.head or waiting or self.transport.is_closing()):
+            self.idle_ones[self] = None
+
+    def _evict_idle(self) -> bool:
+        """At the cap, a connection that has waited longest without sending a request makes room (closed as a
+        keep-alive timeout would close it): idle sockets cannot lock out clients that have work."""
+        while self.idle_ones:
+            victim = next(iter(self.idle_ones))
+            del self.idle_ones[victim]
+            if not victim.transport.is_closing():
+                self.connections.discard(victim)
+                victim.transport.close()
+                return True
+        return False
+
+    # bytes in
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        limit = self.limits.max_header_bytes
+        if self.in_message:
+            if not self.head_done:
+                room = limit - self.fed
+                self.fed += len(data)
+                if len(data) > room:
+                    super().data_received(data[:room])
+                    if self.in_message and not self.head_done and not self.transport.is_closing():
+                        self._reject(self.too_large)
+                        return
+                    data = data[room:]
+            self._feed(data)
+            return
+        if not self.head:
+            self.idle_ones.pop(self, None)
+            end = end_of_head(data, 0)
+            if 0 <= end <= limit:  # the usual case: a whole head in one read
+                self._feed(data)
+                return
+            self._unset_keepalive_if_required()
+            if self.deadline is None:
+                self._arm(self.limits.header_timeout)
+        start = max(0, len(self.head) - 3)
+        self.head += data
+        end = end_of_head(self.head, start)
+        if end > limit or (end < 0 and len(self.head) > limit):
+            self._reject(self.too_large)
+        elif end >= 0:
+            whole = bytes(self.head)
+            self.head.clear()
+            self._feed(whole)
+
+    def _feed(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.refused or self.transport.is_closing() or self.deadline is not None or not self.in_message:
+            return
+        self._arm(self.limits.body_timeout if self.head_done else self.limits.header_timeout)
+
+    # parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.in_message, self.head_done, self.fed = True, False, 0
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.in_message = False
+        self._disarm()
+
+    # deadlines and refusals
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self.deadline = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _expired(self) -> None:
+        self.deadline = None
+        if self.refused:
+            self.transport.abort()
+        elif self.head or self.in_message:
+            log.debug("a request from %s did not arrive in time", self.client)
+            self._reject(TIMEOUT)
+        else:
+            self.transport.close()  # nothing arrived: close quietly, as a keep-alive timeout does
+
+    def _reject(self, response: bytes) -> None:
+        """Answer without the app, stop reading into the parser, and close once the client has had the answer."""
+        self.refused = True
+        self.head.clear()
+        self.idle_ones.pop(self, None)
+        cycle = self.cycle
+        answering = cycle is not None and cycle.response_started and not cycle.response_complete
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app, if it waits on this body, hears a disconnect and writes nothing
+            cycle.message_event.set()
+        if not answering:
+            self.transport.write(response)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._arm(LINGER_S)
+
+    def _warn(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - GuardedHttpToolsProtocol.last_warning >= WARN_EVERY_S:
+            GuardedHttpToolsProtocol.last_warning = now
+            log.warning(message, *args)
+
+
+def protocol_class(limits: Limits) -> type[GuardedHttpToolsProtocol]:
+    too_large = canned(431, "Request Header Fields Too Large",
+                       f"the request line and headers exceed {limits.max_header_bytes} bytes", "header_too_large")
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+                {"limits": limits, "too_large": too_large, "idle_ones": {}})

@@ -1,0 +1,177 @@
+"""Limits below the app, on a real server over real sockets: request heads, connections, slow clients, the port."""
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from infinity.cli import build_parser, settings_from
+from infinity.preflight import StartupError
+from tests.servers import ROOT, WAIT, Server, running
+
+HEAD_LIMIT = 4096
+CONNECTIONS = 8
+SMALL = ("--max-header-bytes", str(HEAD_LIMIT), "--max-connections", str(CONNECTIONS), "--header-timeout", "1",
+         "--body-timeout", "1", "--keep-alive-timeout", "1")
+LIVE = b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running(minilm_fp32_artifact, tmp_path_factory.mktemp("limits") / "server.log", *SMALL) as started:
+        yield started
+
+
+def connect(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+
+
+def answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset counts as closed)."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+
+
+def error_type(response: bytes) -> str:
+    return str(orjson.loads(response.partition(b"\r\n\r\n")[2])["error_type"])
+
+
+def head_of(size: int) -> bytes:
+    start = b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
+    return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+
+def test_settings_for_the_limits_come_from_flags_and_environment() -> None:
+    parsed = settings_from(build_parser().parse_args(["serve", "a", "--max-header-bytes", "8192"]),
+                           {"INFINITY_MAX_CONNECTIONS": "50", "INFINITY_HEADER_TIMEOUT": "2.5",
+                            "INFINITY_BODY_TIMEOUT": "7", "INFINITY_KEEP_ALIVE_TIMEOUT": "0.5"})
+    assert (parsed.max_header_bytes, parsed.max_connections, parsed.header_timeout, parsed.body_timeout,
+            parsed.keep_alive_timeout) == (8192, 50, 2.5, 7.0, 0.5)
+    with pytest.raises(StartupError, match="header_timeout must be more than 0"):
+        settings_from(build_parser().parse_args(["serve", "a", "--header-timeout", "0"]), {})
+
+
+def test_a_head_up_to_the_limit_is_served_and_one_byte_more_is_431(server: Server) -> None:
+    for size, expected in ((HEAD_LIMIT, 200), (HEAD_LIMIT + 1, 431)):
+        with connect(server) as sock:
+            sock.sendall(head_of(size))
+            response = answer(sock)
+        assert status(response) == expected, response[:200]
+    assert error_type(response) == "header_too_large"
+
+
+def test_a_huge_header_is_refused_while_it_is_still_arriving(server: Server) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX: ")
+        try:
+            for _ in range(64):  # 64 MiB; the server answers and stops reading long before
+                sock.sendall(b"a" * (1 << 20))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        response = answer(sock)
+    assert status(response) == 431, response[:200]
+    assert httpx.get(f"{server.url}/health/live", timeout=WAIT).status_code == 200
+
+
+def test_a_head_sent_a_byte_at_a_time_is_served(server: Server) -> None:
+    with connect(server) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for byte in LIVE:
+            sock.send(bytes([byte]))
+        assert status(answer(sock)) == 200
+
+
+def test_pipelined_requests_are_all_answered(server: Server) -> None:
+    body = b'{"inputs": "hello"}'
+    post = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with connect(server) as sock:
+        sock.sendall(post + post + LIVE)
+        response = answer(sock)
+    assert response.count(b"HTTP/1.1 200 OK") == 3
+
+
+@pytest.mark.parametrize("sent", [
+    b"GET /health/live HTTP/1.1\r\nHo",  # a head that never ends (slowloris)
+    b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs",  # a body that never ends
+])
+def test_a_request_that_stops_arriving_gets_408_and_is_closed(server: Server, sent: bytes) -> None:
+    with connect(server) as sock:
+        sock.sendall(sent)
+        response = answer(sock)
+    assert status(response) == 408 and error_type(response) == "timeout", response[:200]
+
+
+def test_silent_and_idle_keep_alive_connections_are_closed(server: Server) -> None:
+    with connect(server) as silent, connect(server) as kept:
+        kept.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer(silent) == b""  # closed without a word once the header timeout passed
+        response = answer(kept)  # the answer, then closed once the keep-alive timeout passed
+        assert status(response) == 200 and response.endswith(b'{"status":"live"}')
+
+
+def test_connections_beyond_the_cap_get_503_and_idle_ones_make_room(server: Server) -> None:
+    busy = [connect(server) for _ in range(CONNECTIONS)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\n")  # begun, not finished: not idle
+        with connect(server) as extra:
+            response = answer(extra)
+        assert status(response) == 503 and error_type(response) == "overloaded", response[:200]
+    finally:
+        for sock in busy:
+            sock.close()
+    idle = [connect(server) for _ in range(CONNECTIONS * 2)]
+    try:
+        assert httpx.get(f"{server.url}/health/live", timeout=WAIT).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_idle_connections_past_the_open_file_limit_do_not_starve_requests(minilm_fp32_artifact: Path,
+                                                                        tmp_path: Path) -> None:
+    def few_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    with running(minilm_fp32_artifact, tmp_path / "server.log", preexec_fn=few_files) as server:
+        idle = [connect(server) for _ in range(300)]
+        try:
+            for _ in range(3):
+                response = httpx.post(f"{server.url}/predict", json={"inputs": "hello"}, timeout=WAIT)
+                assert response.status_code == 200
+        finally:
+            for sock in idle:
+                sock.close()
+        assert "max_connections lowered from 1024 to 192" in server.log.read_text()
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(minilm_fp32_artifact: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "infinity", "serve", str(minilm_fp32_artifact),
+                                 "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=WAIT,
+                                env={**os.environ, "INFINITY_LOG_LEVEL": "info"})
+    assert result.returncode == 1
+    # one line and nothing else: no model was loaded, no "ready" was logged
+    assert result.stderr.strip().splitlines() == [f"infinity: error: cannot listen on 127.0.0.1:{port}: "
+                                                  "address already in use"]
