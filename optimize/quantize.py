@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,27 +36,52 @@ def quantize(src: Path, dst: Path, config: QuantizationConfig, include: list[str
              exclude: list[str] | None = None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # silence pre-processing advice
-    quantize_dynamic(src, dst, per_channel=config.per_channel, reduce_range=config.reduce_range,
-                     weight_type=getattr(QuantType, config.weight_type), op_types_to_quantize=list(config.op_types),
-                     nodes_to_quantize=include, nodes_to_exclude=exclude,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    with quiet_root_logger():  # the quantizer logs pre-processing advice through the root logger
+        quantize_dynamic(src, dst, per_channel=config.per_channel, reduce_range=config.reduce_range,
+                         weight_type=getattr(QuantType, config.weight_type),
+                         op_types_to_quantize=list(config.op_types), nodes_to_quantize=include,
+                         nodes_to_exclude=exclude, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+@contextmanager
+def quiet_root_logger() -> Iterator[None]:
+    """The root logger at ERROR for the duration only: the caller's logging is left as it was."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, evaluate: Evaluate,
                             scratch: Path, log: Callable[[str], None] = print,
                             float_nodes: list[str] | None = None, full_model: Path | None = None) -> QuantizationResult:
-    """`float_nodes` are never quantized nor counted as candidates (the outlier side paths); `full_model` is the
-    all-INT8 graph when the caller has already made it."""
+    """Per-tensor dynamic INT8 searched for parity. `float_nodes` are never quantized nor counted as candidates
+    (the outlier side paths); `full_model` is the all-INT8 graph when the caller has already made it."""
     always_float = list(float_nodes or [])
     skipped = set(always_float)
     nodes = [name for name in quantizable_nodes(src, config) if name not in skipped]
+
+    def write(path: Path, keep: list[str]) -> None:
+        quantize(src, path, config, exclude=[*always_float, *keep])
+
+    return keep_fewest_float(nodes, write, dst, evaluate, scratch, log, full_model)
+
+
+Write = Callable[[Path, list[str]], None]  # (output path, nodes to keep in float)
+
+
+def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evaluate, scratch: Path,
+                      log: Callable[[str], None] = print, full_model: Path | None = None) -> QuantizationResult:
+    """All of `nodes` INT8 if that passes; else the fewest most harmful kept in float until parity passes."""
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
     if full_model is None:
         full_model = scratch / "full_int8.onnx"
-        quantize(src, full_model, config, exclude=always_float)
+        write(full_model, [])
     full = evaluate(full_model)
     result.trials += 1
     result.full_int8, result.full_int8_model = full.metrics, full_model
@@ -65,13 +91,13 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
     log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes")
     trial = scratch / "trial.onnx"
     for node in nodes:
-        quantize(src, trial, config, include=[node])
+        write(trial, [n for n in nodes if n != node])
         result.sensitivity[node] = evaluate(trial).score
         result.trials += 1
     order = sorted(nodes, key=lambda n: result.sensitivity[n])
 
     def passes(k: int) -> bool:
-        quantize(src, trial, config, exclude=[*always_float, *order[:k]])
+        write(trial, order[:k])
         result.trials += 1
         return evaluate(trial).passed
 
@@ -86,6 +112,6 @@ def accuracy_aware_quantize(src: Path, dst: Path, config: QuantizationConfig, ev
         else:
             low = mid
     result.kept_float = order[:high]
-    quantize(src, dst, config, exclude=[*always_float, *result.kept_float])
+    write(dst, result.kept_float)
     log(f"  kept {high} of {len(nodes)} nodes in float after {result.trials} trials")
     return result
