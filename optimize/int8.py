@@ -1,4 +1,5 @@
-"""The INT8 recipe: plain or with outlier channels split off, searched for parity, or carried from another artifact."""
+"""The INT8 recipes, searched for parity or carried from another artifact: per-token (batch-invariant), or
+per-tensor dynamic, plain or with outlier channels split off."""
 from __future__ import annotations
 
 import shutil
@@ -13,7 +14,8 @@ import onnx
 from optimize.outliers import activation_ranges, split_outliers
 from optimize.parity import ParityResult
 from optimize.presets import QuantizationConfig
-from optimize.quantize import accuracy_aware_quantize, quantizable_nodes, quantize
+from optimize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
+from optimize.quantize import accuracy_aware_quantize, keep_fewest_float, quantizable_nodes, quantize
 from optimize.recipe import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.reference import OnnxRunner, calibration_inputs
 
@@ -48,6 +50,8 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
                   keep_float_like: Path | None = None) -> Int8Result:
     """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
     quantizes everything, on the plain graph too, keeping whichever leaves fewer weights in float."""
+    if config.activations == "per_token":
+        return _per_token(src, dst, config, task, evaluate, runner, work, log, threads, keep_float_like)
     if keep_float_like is not None:
         return _carry(src, dst, config, task, runner, work, log, threads, keep_float_like)
     if not config.split_outliers:
@@ -118,3 +122,42 @@ def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: 
     record = {**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
               "recipe_from": str(artifact), "outliers": graph.outliers}
     return Int8Result(record, kept_float, full_int8)
+
+
+def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate, runner: OnnxRunner,
+               work: Path, log: Log, threads: int, keep_float_like: Path | None) -> Int8Result:
+    """Per-token INT8 with smoothing calibrated apart from the probes; nodes kept float only if parity needs it
+    (or as the carried artifact kept them)."""
+    calibration = calibration_inputs(task)
+    nodes = per_token_candidates(src)
+    ranges = activation_ranges(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads)
+
+    last: list[PerTokenRecord] = []
+
+    def write(path: Path, keep: list[str]) -> None:
+        last[:] = [quantize_per_token(src, path, ranges, weight_bits=config.weight_bits,
+                                      alpha=config.smoothing_alpha, exclude=keep)]
+
+    scratch = work / "per_token"
+    scratch.mkdir(exist_ok=True)
+    record: dict[str, Any] = {**config.to_dict(), "mode": "per_token", "batch_invariant": True,
+                              "calibration_inputs": len(calibration),
+                              "outliers": {"applied": False, "reason": "per-token recipe: outlier channels are "
+                                                                        "smoothed into the weights"}}
+    if keep_float_like is not None:
+        kept = nodes_for_roles(nodes, kept_roles(keep_float_like))
+        full_int8 = None
+        if kept:
+            full_int8 = scratch / "full_int8.onnx"
+            write(full_int8, [])
+        write(dst, kept)
+        record.update(candidates=len(nodes), kept_float=len(kept), recipe_from=str(keep_float_like),
+                      smoothing=last[0].to_dict())
+        log(f"  per-token recipe from {keep_float_like}: {len(kept)} of {len(nodes)} nodes kept in float")
+        return Int8Result(record, kept, full_int8)
+    result = keep_fewest_float(nodes, write, dst, evaluate, scratch, log)
+    record.update(candidates=result.candidates, kept_float=len(result.kept_float), trials=result.trials,
+                  full_int8_metrics=result.full_int8, smoothing=last[0].to_dict())
+    log(f"  per-token INT8: {result.candidates - len(result.kept_float)} of {result.candidates} nodes, "
+        f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
+    return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)

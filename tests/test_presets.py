@@ -22,17 +22,20 @@ def test_unknown_target_names_the_choices():
         resolve_target("pentium")
 
 
-@pytest.mark.parametrize("name", ["icelake", "cascadelake"])
-def test_vnni_presets_use_full_range_signed_per_channel_weights(name):
+@pytest.mark.parametrize("name", ["icelake", "cascadelake", "skylake", "avx2"])
+def test_cpu_presets_quantize_per_token_with_7_bit_weights(name):
     q = PRESETS[name].quantization
-    assert (q.weight_type, q.per_channel, q.reduce_range) == ("QInt8", True, False)
-    assert "avx512_vnni" in PRESETS[name].required_cpu_flags
+    assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, 7)
+    assert q.batch_invariant and q.to_dict()["weight_bits"] == 7
+    assert "per-token" in PRESETS[name].why or "per-token" in PRESETS[name].why.lower()
 
 
-@pytest.mark.parametrize("name", ["skylake", "avx2"])
-def test_presets_without_vnni_reduce_range_against_saturation(name):
-    assert PRESETS[name].quantization.reduce_range is True
-    assert "avx512_vnni" not in PRESETS[name].required_cpu_flags
+def test_per_token_needs_signed_per_channel_weights():
+    with pytest.raises(ValueError, match="per_token"):
+        QuantizationConfig(weight_type="QUInt8", activations="per_token")
+    with pytest.raises(ValueError, match="activations"):
+        QuantizationConfig(activations="per_batch")
+    assert not QuantizationConfig(activations="per_tensor").batch_invariant
 
 
 def test_every_cpu_preset_offers_a_float_variant_and_gpu_presets_default_to_fp16():
@@ -46,7 +49,7 @@ def test_every_cpu_preset_offers_a_float_variant_and_gpu_presets_default_to_fp16
 
 def test_quantization_config_rejects_unknown_weight_types():
     with pytest.raises(ValueError, match="weight_type"):
-        QuantizationConfig(weight_type="QInt4")
+        QuantizationConfig(weight_type="QInt4", activations="per_tensor")
 
 
 def test_a_preset_cannot_offer_int8_without_a_recipe():

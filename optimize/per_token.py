@@ -1,0 +1,256 @@
+"""Per-token INT8: every row of an activation gets its own scale, so an input's answer never depends on its batch.
+
+Dynamic INT8 as onnxruntime writes it quantizes a whole padded batch with one scale: a short text batched with
+long ones is quantized more coarsely, and its vector changes with whoever else was asking. Here each MatMul input
+is quantized per token (symmetric, the row's max |x| -> 127, stored as u8 around 128, the fast u8 x s8 path), the
+weights per output column, and activation outliers are first migrated into the weights (SmoothQuant): the input is
+divided per channel by s and the weight rows multiplied by s. Where the input comes only from a fused Attention,
+1/s is folded into that attention's value projection, so smoothing costs no operator; elsewhere it is one Mul
+shared by every MatMul reading that input.
+
+A fused Attention computes its projection inside one operator, so it is taken apart into the projection (one
+INT8 MatMul for Q, K and V together) and MultiHeadAttention.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MS = "com.microsoft"
+GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
+GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
+
+
+@dataclass
+class PerTokenRecord:
+    quantized: list[str] = field(default_factory=list)
+    smoothed_inputs: int = 0
+    smoothing_folded: int = 0  # of those, how many cost no operator
+    one_sided: int = 0  # MatMuls reading a GELU output, quantized over [floor, max] with all 255 codes
+
+    def to_dict(self) -> dict:
+        return {"quantized": len(self.quantized), "smoothed_inputs": self.smoothed_inputs,
+                "smoothing_folded_into_weights": self.smoothing_folded, "one_sided_gelu_inputs": self.one_sided}
+
+
+def per_token_candidates(model_path: Path) -> list[str]:
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    weights = {init.name: init for init in graph.initializer}
+    return [n.name for n in graph.node if _weight(n, weights) is not None]
+
+
+def _weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights:
+        return None
+    weight = weights[node.input[1]]
+    return weight if len(weight.dims) == 2 else None
+
+
+def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) -> np.ndarray:
+    """s = range_x^alpha / range_w^(1 - alpha), with no overall gain (geometric mean 1)."""
+    scale = np.maximum(peak, 1e-5) ** alpha / np.maximum(weight_peak, 1e-5) ** (1 - alpha)
+    return (scale / np.exp(np.log(scale).mean())).astype(np.float32)
+
+
+def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None, weight_bits: int = 8,
+                       alpha: float = 0.5, exclude: list[str] | None = None,
+                       activation_bits: int = 8) -> PerTokenRecord:
+    """`ranges`: per-channel max |input| of each candidate node from calibration (None: no smoothing)."""
+    model = onnx.load(str(src))
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    skipped = set(exclude or [])
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    chosen = [n for n in graph.node if n.name not in skipped and _weight(n, weights) is not None
+              and sum(1 for c in consumers[n.input[1]]) == 1]
+    by_input: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in chosen:
+        by_input[node.input[0]].append(node)
+
+    record = PerTokenRecord()
+    float_weights = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float32) for n in chosen}
+    biases = {n.name: numpy_helper.to_array(weights[n.input[2]]).astype(np.float32) for n in chosen
+              if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
+    smoothed_input: dict[str, str] = {}
+    inverse_scales: dict[str, np.ndarray] = {}
+    if ranges is not None:
+        for tensor, nodes in by_input.items():
+            if any(n.name not in ranges for n in nodes):
+                continue
+            peak = np.max([ranges[n.name] for n in nodes], axis=0)
+            weight_peak = np.max([np.abs(float_weights[n.name]).max(axis=1) for n in nodes], axis=0)
+            scale = smoothing_scales(peak, weight_peak, alpha)
+            for n in nodes:
+                float_weights[n.name] = float_weights[n.name] * scale[:, None]
+            record.smoothed_inputs += 1
+            source = producers.get(tensor)
+            only_ours = all(c in nodes for c in consumers[tensor])
+            if (source is not None and source.op_type == "Attention" and source in chosen and only_ours
+                    and source.name in biases):
+                # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
+                hidden = scale.shape[0]
+                float_weights[source.name][:, 2 * hidden:] /= scale[None, :]
+                biases[source.name][2 * hidden:] /= scale
+                record.smoothing_folded += 1
+            else:
+                name = f"{tensor}/smooth"
+                graph.initializer.append(numpy_helper.from_array(1 / scale, f"{name}/inverse"))
+                smoothed_input[tensor] = name
+                inverse_scales[tensor] = 1 / scale
+    # A GELU output is bounded below: shifted to be non-negative, it is quantized one-sided over all 255 codes
+    # (twice the resolution of symmetric codes); the shift's constant product is taken out of the output bias.
+    shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
+    new_nodes: list[onnx.NodeProto] = []
+    prologue_done: set[str] = set()
+    chosen_names = {n.name for n in chosen}
+    for node in graph.node:
+        if node.name not in chosen_names:
+            new_nodes.append(node)
+            continue
+        tensor = node.input[0]
+        quantized, row_scale = f"{tensor}/q", f"{tensor}/row_scale"
+        one_sided = tensor in shifted
+        if tensor not in prologue_done:
+            source = tensor
+            if one_sided:
+                source = f"{tensor}/shifted"
+                new_nodes.append(helper.make_node("Add", [tensor, _const(graph, f"{source}/floor",
+                                                                         np.array(GELU_FLOOR, np.float32))],
+                                                  [source], name=f"{source}/Add"))
+            if tensor in smoothed_input:
+                smoothed = smoothed_input[tensor]
+                new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
+                                                  name=f"{smoothed}/Mul"))
+                source = smoothed
+            new_nodes.extend(_prologue(source, quantized, row_scale, graph, activation_bits, one_sided))
+            prologue_done.add(tensor)
+        shift = None
+        if one_sided:
+            inverse = inverse_scales.get(tensor, np.ones(float_weights[node.name].shape[0], np.float32))
+            shift = GELU_FLOOR * inverse
+        new_nodes.extend(_matmul(node, quantized, row_scale, float_weights[node.name], biases.get(node.name),
+                                 weight_bits, activation_bits, graph, shift, consumers, weights, one_sided))
+        record.quantized.append(node.name)
+        record.one_sided += int(one_sided)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    for init in list(graph.initializer):  # the float weights replaced above
+        if init.name in {n.input[1] for n in chosen} or init.name in {n.input[2] for n in chosen if n.name in biases}:
+            graph.initializer.remove(init)
+    if not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+    onnx.save(model, str(dst))
+    return record
+
+
+def _const(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
+    graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
+
+
+def activation_levels(bits: int) -> tuple[int, int]:
+    """(largest code, zero point) of symmetric u8 activations with `bits` of resolution."""
+    return 2 ** (bits - 1) - 1, 2 ** (bits - 1)
+
+
+def _prologue(x: str, quantized: str, row_scale: str, graph: onnx.GraphProto, bits: int,
+              one_sided: bool = False) -> list[onnx.NodeProto]:
+    """x -> (u8 codes, per-row scale): q = floor(x * L / max|x| + zero + 0.5), scale = max|x| / L; one-sided
+    (x >= 0): L = 255 and zero = 0."""
+    p = quantized
+    levels, zero = (255, 0) if one_sided else activation_levels(bits)
+    _const(graph, f"{p}/eps", np.array(1e-12, np.float32))
+    _const(graph, f"{p}/levels", np.array(float(levels), np.float32))
+    _const(graph, f"{p}/step", np.array(1 / levels, np.float32))
+    _const(graph, f"{p}/offset", np.array(zero + 0.5, np.float32))
+    magnitude = [] if one_sided else [helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs")]
+    return [
+        *magnitude,
+        helper.make_node("ReduceMax", [x if one_sided else f"{p}/abs"], [f"{p}/peak0"], name=f"{p}/ReduceMax",
+                         axes=[-1], keepdims=1),
+        helper.make_node("Max", [f"{p}/peak0", f"{p}/eps"], [f"{p}/peak"], name=f"{p}/Max"),
+        helper.make_node("Div", [f"{p}/levels", f"{p}/peak"], [f"{p}/inverse"], name=f"{p}/Div"),
+        helper.make_node("Mul", [f"{p}/peak", f"{p}/step"], [row_scale], name=f"{p}/RowScale"),
+        helper.make_node("Mul", [x, f"{p}/inverse"], [f"{p}/scaled"], name=f"{p}/Scale"),
+        helper.make_node("Add", [f"{p}/scaled", f"{p}/offset"], [f"{p}/centred"], name=f"{p}/Shift"),
+        # Cast truncates; the values are positive, so +0.5 then truncation rounds to nearest.
+        helper.make_node("Cast", [f"{p}/centred"], [quantized], name=f"{p}/Cast", to=onnx.TensorProto.UINT8),
+    ]
+
+
+def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per output column: codes in [-(2^(bits-1) - 1), 2^(bits-1) - 1] and the column scales."""
+    limit = 2 ** (bits - 1) - 1
+    scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / limit
+    codes = np.clip(np.round(weight / scale), -limit, limit).astype(np.int8)
+    return codes, scale.astype(np.float32)
+
+
+def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.ndarray, bias: np.ndarray | None,
+            bits: int, activation_bits: int, graph: onnx.GraphProto, shift: np.ndarray | None = None,
+            consumers: dict[str, list[onnx.NodeProto]] | None = None,
+            weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False) -> list[onnx.NodeProto]:
+    p = node.name
+    codes, scale = quantize_weight(weight, bits)
+    _const(graph, f"{p}/w_q", codes)
+    _const(graph, f"{p}/w_scale", scale)
+    _const(graph, f"{p}/a_scale", np.array(1.0, np.float32))
+    _const(graph, f"{p}/a_zero", np.array(0 if one_sided else activation_levels(activation_bits)[1], np.uint8))
+    product = f"{p}/product"
+    correction = None if shift is None else (shift @ (codes.astype(np.float32) * scale)).astype(np.float32)
+    folded = correction is not None and _fold_bias(node.output[0], correction, consumers or {}, weights or {})
+    rows_out = product if node.op_type == "Attention" or (correction is not None and not folded) else node.output[0]
+    nodes = [
+        helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/w_q", f"{p}/a_scale", f"{p}/w_scale",
+                                                  f"{p}/a_zero"], [f"{p}/columns"], name=f"{p}/MatMulInteger",
+                         domain=MS),
+        helper.make_node("Mul", [f"{p}/columns", row_scale], [rows_out], name=f"{p}/Rows"),
+    ]
+    if correction is not None and not folded:
+        nodes.append(helper.make_node("Sub", [product, _const(graph, f"{p}/shift_product", correction)],
+                                      [node.output[0]], name=f"{p}/Unshift"))
+    if node.op_type != "Attention":
+        return nodes
+    hidden = weight.shape[1] // 3
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    mask = node.input[3] if len(node.input) > 3 else ""
+    _const(graph, f"{p}/split", np.array([hidden] * 3, np.int64))
+    extra = {"mask_filter_value": attrs["mask_filter_value"]} if "mask_filter_value" in attrs else {}
+    if "scale" in attrs:
+        extra["scale"] = attrs["scale"]
+    inputs = [f"{p}/q", f"{p}/k", f"{p}/v"]
+    if bias is not None:
+        inputs.append(_const(graph, f"{p}/qkv_bias", bias.astype(np.float32)))
+    elif mask:
+        inputs.append("")
+    if mask:
+        inputs.append(mask)
+    nodes += [
+        helper.make_node("Split", [product, f"{p}/split"], [f"{p}/q", f"{p}/k", f"{p}/v"], name=f"{p}/Split", axis=-1),
+        helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention", domain=MS,
+                         num_heads=attrs["num_heads"], **extra),
+    ]
+    return nodes
+
+
+def _fold_bias(output: str, correction: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
+               weights: dict[str, onnx.TensorProto]) -> bool:
+    """Subtract `correction` from the bias a lone SkipLayerNormalization adds to `output`, if it has its own."""
+    users = consumers.get(output, [])
+    if len(users) != 1 or users[0].op_type != "SkipLayerNormalization" or len(users[0].input) < 5:
+        return False
+    bias_name = users[0].input[4]
+    if bias_name not in weights or len(consumers.get(bias_name, [])) != 1:
+        return False
+    bias = numpy_helper.to_array(weights[bias_name]).astype(np.float32)
+    weights[bias_name].CopyFrom(numpy_helper.from_array(bias - correction, bias_name))
+    return True
