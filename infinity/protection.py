@@ -190,11 +190,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.head.clear()
         self.idle_ones.pop(self, None)
         cycle = self.cycle
-        answering = cycle is not None and cycle.response_started and not cycle.response_complete
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app, if it waits on this body, hears a disconnect and writes nothing
             cycle.message_event.set()
-        if not answering:
+        # a body that stalls after the app has answered (a 413 on its declared length) gets no second answer
+        answered = self.in_message and self.head_done and cycle is not None and cycle.response_started
+        if not answered:
             self.transport.write(response)
         if self.transport.can_write_eof():
             self.transport.write_eof()

@@ -119,6 +119,13 @@ def test_a_request_that_stops_arriving_gets_408_and_is_closed(server: Server, se
     assert status(response) == 408 and error_type(response) == "timeout", response[:200]
 
 
+def test_a_body_that_stalls_after_its_answer_gets_no_second_answer(server: Server) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n{\"inputs")
+        response = answer(sock)
+    assert status(response) == 413 and response.count(b"HTTP/1.1 ") == 1, response[:300]
+
+
 def test_silent_and_idle_keep_alive_connections_are_closed(server: Server) -> None:
     with connect(server) as silent, connect(server) as kept:
         kept.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
