@@ -22,7 +22,7 @@ ROUNDS = 5
 def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
     from optimize.export import export_onnx
     from optimize.fuse import fuse
-    from optimize.presets import PRESETS, QuantizationConfig
+    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, QuantizationConfig
     from optimize.quantize import quantize
     from optimize.source import load_source
 
@@ -32,12 +32,14 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
         source = load_source(str(model_dir), "sequence-classification")
         export_onnx(source, plain)
         fuse(plain, fused, source.config)
-    avx2, vnni = PRESETS["avx2"].quantization, PRESETS["icelake"].quantization
-    per_tensor = QuantizationConfig(weight_type="QInt8", per_channel=False, reduce_range=False)
-    unsigned = QuantizationConfig(weight_type="QUInt8", per_channel=False, reduce_range=False)
+    avx2, vnni = PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI  # onnxruntime's dynamic INT8, as the presets had it
+    per_tensor = QuantizationConfig(weight_type="QInt8", per_channel=False, reduce_range=False,
+                                    activations="per_tensor")
+    unsigned = QuantizationConfig(weight_type="QUInt8", per_channel=False, reduce_range=False,
+                                  activations="per_tensor")
     recipes = {
-        "int8 fused, per-channel, reduce_range (avx2 preset)": (fused, avx2),
-        "int8 fused, per-channel, full range (icelake preset)": (fused, vnni),
+        "int8 fused, per-channel, reduce_range (previous avx2 preset)": (fused, avx2),
+        "int8 fused, per-channel, full range (previous icelake preset)": (fused, vnni),
         "int8 fused, per-tensor, full range": (fused, per_tensor),
         "int8 fused, per-tensor, QUInt8 weights": (fused, unsigned),
         "int8 plain export (no transformer fusion), per-channel, full range": (plain, vnni),

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="INT8: reuse this parity-tested artifact's recipe instead of searching: as many outlier "
                           "channels per layer role, and the same layers and roles kept in float (models of the "
                           "same depth)")
+    run.add_argument("--activations", choices=["per_token", "per_tensor"], default=None,
+                     help="INT8 activation scales: one per token (batch-invariant, every CPU target's default) or "
+                          "one per padded batch (onnxruntime's dynamic INT8, with outlier channels split off)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
-                              threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like)
+                              threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like,
+                              activations=args.activations)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:
@@ -95,10 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         outliers = opt.quantization.get("outliers", {})
         split = (f"; {outliers['channels']} outlier input channels in float, {len(outliers['smoothed'])} attention "
                  "inputs smoothed" if outliers.get("applied") else "")
-        print(f"  quantized {opt.quantization['candidates'] - len(opt.kept_float)} of "
-              f"{opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity{split}")
-    print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} probes: {metrics} "
-          f"-> {'passed' if manifest.parity.passed else 'FAILED'}")
+        print(f"  recipe {opt.quantization['mode']}: quantized {opt.quantization['candidates'] - len(opt.kept_float)} "
+              f"of {opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity{split}")
+        if "latency_ms" in opt.quantization:
+            print("  in-process ms on this host (fp32 -> this artifact): " + ", ".join(
+                f"{shape} {opt.quantization['latency_ms']['fp32'][shape]:.1f} -> {ms:.1f}"
+                for shape, ms in opt.quantization["latency_ms"]["final"].items()))
+    print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} held-out inputs, worst of alone "
+          f"and batched: {metrics} -> {'passed' if manifest.parity.passed else 'FAILED'}")
+    print("  batch invariance (alone vs batched): "
+          + ", ".join(f"{k}={v:.4g}" for k, v in manifest.parity.batch_invariance.items()))
     print(f"  total {time.perf_counter() - start:.1f}s")
     return 0
 
@@ -108,11 +118,15 @@ def _validate(artifact: Path, model: str | None) -> int:
     from optimize.validate import validate_artifact
 
     try:
-        result = validate_artifact(artifact, model)
+        checked = validate_artifact(artifact, model)
     except (ManifestError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"multiverse: error: {exc}", file=sys.stderr)
         return 2
-    print(", ".join(f"{k}={v:.4f}" for k, v in result.metrics.items()))
+    result = checked.result
+    for mode, metrics in checked.modes.items():
+        print(f"{mode}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    print("worst: " + ", ".join(f"{k}={v:.4f}" for k, v in result.metrics.items()))
+    print("batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
     if not result.passed:
         print("parity failed:\n" + "\n".join(f"  - {f}" for f in result.failures), file=sys.stderr)
         return EXIT_PARITY
@@ -121,8 +135,14 @@ def _validate(artifact: Path, model: str | None) -> int:
 
 
 def _targets() -> int:
-    from optimize.presets import PRESETS
+    from optimize.presets import MEASURED, PRESETS
     for preset in PRESETS.values():
         flags = ", ".join(preset.required_cpu_flags) or "-"
         print(f"{preset.name:12s} precisions {'/'.join(preset.precisions):10s} needs {flags}\n    {preset.why}")
+        q = preset.quantization
+        if q is not None:
+            invariant = "batch-invariant" if q.batch_invariant else "answers depend on the batch"
+            print(f"    int8 recipe: {q.activations} activations, {q.weight_bits}-bit per-channel weights ({invariant})")
+        if preset.name in MEASURED:
+            print(f"    measured: {MEASURED[preset.name]}")
     return 0

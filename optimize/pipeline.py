@@ -1,6 +1,7 @@
 """The optimizer's stages: export -> fuse -> quantize -> validate -> package."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -17,11 +18,13 @@ from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.int8 import quantize_int8
-from optimize.parity import THRESHOLDS, ParityResult, check_thresholds, compare
+from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
+from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
-from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
+from optimize.reference import OnnxRunner, probe_inputs, torch_reference
+from optimize.served import ServedParity, load_candidate, served_parity
 from optimize.source import load_source
-from optimize.speed import median_latency_ms
+from optimize.speed import host_cpu_name, latency_table, median_latency_ms
 
 Log = Callable[[str], None]
 
@@ -43,6 +46,7 @@ class OptimizeOptions:
     threads: int = 0
     thresholds: dict[str, float] | None = None
     keep_float_like: Path | None = None  # reuse another artifact's float-kept layer roles instead of searching
+    activations: str | None = None  # INT8: "per_token" or "per_tensor" instead of the target's own
 
 
 class Stages:
@@ -98,22 +102,45 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu)
         log(f"  fused: {fusion.stats or 'nothing'}" + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
 
-    inputs = probe_inputs(options.task)
+    search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)]  # what the fallback search tunes on
+    heldout = heldout_inputs(options.task)       # what the manifest's parity is measured on, and nothing else
     thresholds = {**THRESHOLDS[options.task], **(options.thresholds or {})}
-    groups = ranking_group_sizes(inputs) if options.task == "ranking" else None
     with stages.stage("reference"):
-        reference = torch_reference(source, inputs)
+        reference = torch_reference(source, search_inputs)
+        heldout_reference = torch_reference(source, heldout)
     tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
     runner = OnnxRunner(tokenizer, options.task, source.facts, options.threads)
+    provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
+    if "TensorrtExecutionProvider" in provider_options:
+        provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
+    draft = Manifest(
+        source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
+                      model_type=source.model_type, library_versions=package.library_versions()),
+        target=Target(name=preset.name, providers=list(preset.providers),
+                      # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
+                      required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
+                      provider_options=provider_options),
+        model=package.describe_model(fused, precision),
+        tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
+                                max_length=source.max_length, pad_id=tokenizer.pad_id, extra_files=extra),
+        task=source.facts, optimization=Optimization(),
+        parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
+                      passed=False))
+
+    def served(path: Path, inputs: list, expected: list) -> ServedParity:
+        return served_parity(load_candidate(staging, draft, path, options.threads), inputs, expected, thresholds)
 
     def evaluate(path: Path) -> ParityResult:
-        return compare(options.task, reference, runner.run(path, inputs), groups, thresholds)
+        return served(path, search_inputs, reference).result
 
     quantization, kept_float, notes = None, [], list(fusion.gaps)
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None
-            int8 = quantize_int8(fused, final, preset.quantization, options.task, evaluate, runner, work, log,
+            config = preset.quantization
+            if options.activations:
+                config = dataclasses.replace(config, activations=options.activations)
+            int8 = quantize_int8(fused, final, config, options.task, evaluate, runner, work, log,
                                  options.threads, options.keep_float_like)
             quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model
             if kept_float and full_int8 is not None:
@@ -125,6 +152,10 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                     "full_int8": median_latency_ms(full_int8, threads=options.threads),
                     "final": median_latency_ms(final, threads=options.threads)}
                 log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
+            # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
+            quantization["why"] = preset.why
+            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads)
+            quantization["latency_host"] = host_cpu_name()
             if len(kept_float) == quantization["candidates"]:
                 notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
@@ -136,8 +167,10 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             shutil.copy(fused, final)
             log("  float model: no quantization")
     with stages.stage("validate"):
-        parity = evaluate(final)
-        log("  " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
+        checked = served(final, heldout, heldout_reference)
+        parity = checked.result
+        log(f"  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
+        log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
     if not parity.passed:
         report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
         if not options.allow_failed_parity:
@@ -145,27 +178,17 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         log(report + "\n  (kept because --allow-failed-parity was given; the manifest records passed=false)")
 
     with stages.stage("package"):
-        provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
-        if "TensorrtExecutionProvider" in provider_options:
-            provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
-        manifest = Manifest(
-            source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
-                          model_type=source.model_type, library_versions=package.library_versions()),
-            target=Target(name=preset.name, providers=list(preset.providers),
-                          # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
-                          required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
-                          provider_options=provider_options),
+        manifest = dataclasses.replace(
+            draft,
             model=package.describe_model(final, precision),
-            tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
-                                    max_length=source.max_length, pad_id=tokenizer.pad_id, extra_files=extra),
-            task=source.facts,
             optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
                                       kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
                                       exported_bytes=exported.stat().st_size),
-            parity=Parity(reference=_reference_name(source), probe_size=len(inputs), metrics=parity.metrics,
-                          thresholds=parity.thresholds, passed=parity.passed, failures=parity.failures,
-                          host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
-                          overridden=not parity.passed),
+            parity=dataclasses.replace(
+                draft.parity, metrics=parity.metrics, passed=parity.passed, failures=parity.failures,
+                host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
+                overridden=not parity.passed, probe_set=HELDOUT_DESCRIPTION, modes=checked.modes,
+                batch_invariance=checked.batch_invariance),
             created_at=package.now(),
         )
         manifest.save(staging)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,7 @@ from infinity.tasks.feature_extraction import pool
 from infinity.tokenization import TextInput, TextTokenizer, pad_batch
 from optimize.source import SourceModel
 
-Outputs = list[np.ndarray]  # one array per probe: a vector, a probability row, a token x label matrix, a score
+Outputs = list[np.ndarray]  # one array per input: a vector, a probability row, a token x label matrix, a score
 
 
 def probe_inputs(task: str) -> list[TextInput]:
@@ -82,14 +81,14 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
             elif source.task == "sequence-classification":
                 rows = list(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
             else:
-                logits = out.logits.numpy()
-                rows = [logits[row, : int(mask[row].sum())] for row in range(len(chunk))]
+                probs = activate(out.logits.numpy(), "softmax")  # what the server answers from
+                rows = [probs[row, : int(mask[row].sum())] for row in range(len(chunk))]
             results.update(zip(chunk, rows))
     return [results[i] for i in range(len(inputs))]
 
 
 class OnnxRunner:
-    """Runs a graph the way the server will: its tokenizer.json, padded batches of 8, its reductions."""
+    """Feeds for a graph as the server builds them (its tokenizer.json, padded batches of 8): for calibration."""
 
     def __init__(self, tokenizer: TextTokenizer, task: str, facts: Any, threads: int = 0) -> None:
         self.tokenizer = tokenizer
@@ -97,33 +96,10 @@ class OnnxRunner:
         self.facts = facts
         self.threads = threads
 
-    def session(self, model_path: Path) -> Any:
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        if self.threads:
-            options.intra_op_num_threads = self.threads
-        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-
     def batches(self, inputs: list[TextInput]) -> Iterator[tuple[list[Any], dict[str, np.ndarray]]]:
-        """Padded batches of 8 as the server tokenizes them: (encodings, feeds for every model input)."""
+        """(encodings, feeds for every model input) per padded batch of 8."""
         for start in range(0, len(inputs), 8):
             encoded = self.tokenizer.encode(inputs[start:start + 8])
             batch = pad_batch(encoded, self.tokenizer.pad_id)
             yield encoded, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                             "token_type_ids": batch.token_type_ids}
-
-    def run(self, model_path: Path, inputs: list[TextInput]) -> Outputs:
-        session = self.session(model_path)
-        names = [i.name for i in session.get_inputs()]
-        results: Outputs = []
-        for encoded, feeds in self.batches(inputs):
-            out = session.run(None, {n: feeds[n] for n in names})[0].astype(np.float32)
-            if self.task == "feature-extraction":
-                results.extend(pool(out, feeds["attention_mask"], self.facts.pooling or "mean"))
-            elif self.task == "sequence-classification":
-                results.extend(activate(out, self.facts.score_activation or "softmax"))
-            elif self.task == "ranking":
-                results.extend(activate(out[:, 0], "sigmoid"))
-            else:
-                results.extend(out[row, : len(item)] for row, item in enumerate(encoded))
-        return results

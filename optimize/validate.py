@@ -1,25 +1,20 @@
-"""Re-check an existing artifact against its original model."""
+"""Re-check an existing artifact against its original model, as the server runs it, on the held-out texts."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from infinity.manifest import Manifest, verify_checksums
-from infinity.tokenization import TextTokenizer
-from optimize.parity import ParityResult, compare
-from optimize.reference import OnnxRunner, probe_inputs, ranking_group_sizes, torch_reference
+from infinity.model import LoadedModel
+from optimize.heldout import heldout_inputs
+from optimize.reference import torch_reference
+from optimize.served import ServedParity, served_parity
 from optimize.source import load_source
 
 
-def validate_artifact(artifact: Path | str, model: str | None = None, threads: int = 0) -> ParityResult:
-    """Parity of the artifact's model.onnx against the source model, with the manifest's thresholds."""
-    artifact = Path(artifact)
-    manifest = Manifest.load(artifact)
-    verify_checksums(artifact, manifest)
-    task = manifest.source.task
-    source = load_source(model or manifest.source.model, task)
-    inputs = probe_inputs(task)
-    tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length,
-                              manifest.tokenizer.pad_id)
-    candidate = OnnxRunner(tokenizer, task, manifest.task, threads).run(artifact / manifest.model.file, inputs)
-    groups = ranking_group_sizes(inputs) if task == "ranking" else None
-    return compare(task, torch_reference(source, inputs), candidate, groups, manifest.parity.thresholds)
+def validate_artifact(artifact: Path | str, model: str | None = None, threads: int = 0) -> ServedParity:
+    """Parity of the artifact (worst of alone and batched) against the source model, with the manifest's
+    thresholds, plus how far answers move between alone and batched."""
+    served = LoadedModel.load(artifact, threads=threads or None, providers=["CPUExecutionProvider"], spin_wait=False)
+    task = served.manifest.source.task
+    source = load_source(model or served.manifest.source.model, task)
+    inputs = heldout_inputs(task)
+    return served_parity(served, inputs, torch_reference(source, inputs), served.manifest.parity.thresholds)

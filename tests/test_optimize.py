@@ -11,7 +11,8 @@ import pytest
 from infinity.manifest import Manifest, sha256_file, verify_checksums
 from infinity.model import LoadedModel
 
-QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLinear"}
+QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
+                 "DynamicQuantizeLinear"}
 # (task, source model) pairs whose INT8 artifacts are checked; the MiniLM classification head is served in fp32
 # only: its random head has near-tied probes that no INT8 node survives, so its INT8 build is all float.
 INT8_CASES = [("feature-extraction", "minilm"), ("sequence-classification", "distilbert-tiny"),
@@ -35,7 +36,8 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
     assert manifest.source.task == task and manifest.target.name == "icelake"
     assert manifest.model.precision == precision
     assert manifest.parity.passed and not manifest.parity.failures
-    assert manifest.parity.probe_size > 10
+    assert manifest.parity.probe_size >= 200 and "held-out" in manifest.parity.probe_set
+    assert set(manifest.parity.modes) == {"alone", "batched"} and manifest.parity.batch_invariance
     for name, bound in manifest.parity.thresholds.items():
         assert manifest.parity.metrics[name] >= bound
     assert manifest.optimization.fusion.get("Attention", 0) >= 2, manifest.optimization.fusion
@@ -43,18 +45,14 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
     ops = op_counts(path / "model.onnx")
     if precision == "int8":
         q = manifest.optimization.quantization
-        assert q["weight_type"] == "QInt8" and q["per_channel"] and not q["reduce_range"]
+        assert q["mode"] == "per_token" and q["batch_invariant"] and q["weight_bits"] == 7
         assert manifest.target.required_cpu_flags == ["avx512f", "avx512_vnni"]
-        quantized = ops["MatMulInteger"] + ops["QAttention"] + ops["DynamicQuantizeMatMul"]
-        assert quantized == q["candidates"] - len(manifest.optimization.kept_float) > 0
+        assert ops["MatMulIntegerToFloat"] == q["candidates"] - len(manifest.optimization.kept_float) > 0
+        assert not {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QAttention"} & set(ops)  # no per-batch scale
+        assert ops["MultiHeadAttention"] + ops["Attention"] >= 2
         if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
             assert set(q["latency_ms_seq128"]) == {"fp32", "full_int8", "final"}
-        outliers = q["outliers"]
-        if outliers["applied"]:  # each split MatMul has one float side path; nothing else float but kept nodes
-            assert outliers["calibration_inputs"] >= 10 and outliers["channels"] >= outliers["nodes"] > 0
-            assert ops["Gather"] >= outliers["nodes"]
-            kept_matmuls = sum(1 for name in manifest.optimization.kept_float if not name.startswith("Attention"))
-            assert ops["MatMul"] == outliers["nodes"] + kept_matmuls
+        assert q["calibration_inputs"] >= 10 and q["smoothing"]["smoothed_inputs"] > 0
     else:
         assert not QUANTIZED_OPS & set(ops)
         assert manifest.optimization.quantization is None and manifest.target.required_cpu_flags == []
@@ -88,7 +86,7 @@ def test_edited_weights_fail_parity(artifact_for, tmp_path):
     from optimize.validate import validate_artifact
 
     source = artifact_for("sequence-classification", "fp32")
-    assert validate_artifact(source).passed
+    assert validate_artifact(source).result.passed
     broken = tmp_path / "broken"
     broken.mkdir()
     for item in source.iterdir():
@@ -104,7 +102,7 @@ def test_edited_weights_fail_parity(artifact_for, tmp_path):
     manifest.model.sha256 = sha256_file(broken / "model.onnx")  # a consistent manifest: only parity can tell
     manifest.save(broken)
     result = validate_artifact(broken)
-    assert not result.passed and "top1_agreement" in result.failures[0]
+    assert not result.result.passed and "top1_agreement" in result.result.failures[0]
     run = subprocess.run([sys.executable, "-m", "optimize", "validate", str(broken)], capture_output=True, text=True)
     assert run.returncode == 3 and "parity failed" in run.stderr
 

@@ -1,0 +1,117 @@
+"""Run a graph the way the server runs it, through its LoadedModel (tokenizer, padding, engine, the task's
+reduction and answer): each input alone and inside mixed-length padded batches up to the server's batch limits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from infinity.engine import Engine
+from infinity.manifest import Manifest
+from infinity.model import LoadedModel
+from infinity.settings import Settings
+from infinity.tasks import make_task
+from infinity.tasks.base import activate
+from infinity.tasks.feature_extraction import l2_normalize
+from infinity.tokenization import TextInput, TextTokenizer
+from optimize.parity import ParityResult, batch_invariance, compare, worst
+from optimize.reference import ranking_group_sizes
+
+Outputs = list[np.ndarray]
+SHUFFLE_SEED = 7
+CANDIDATE = ".candidate.onnx"
+
+
+@dataclass
+class ServedOutputs:
+    alone: Outputs    # each input as its own request and batch
+    batched: Outputs  # each input inside shuffled, mixed-length batches of other requests
+    batch_rows: int   # the largest batch it ran in
+
+
+def load_candidate(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0) -> LoadedModel:
+    """The server's LoadedModel for a graph not packaged yet, with the artifact's tokenizer and task facts.
+    The graph is linked (or copied) into `directory` as CANDIDATE: an artifact names only files inside itself."""
+    candidate = directory / CANDIDATE
+    candidate.unlink(missing_ok=True)
+    try:
+        os.link(model_path, candidate)
+    except OSError:
+        shutil.copyfile(model_path, candidate)
+    manifest = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model, file=CANDIDATE))
+    tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
+                              manifest.tokenizer.pad_id)
+    engine = Engine(directory, manifest, threads=threads or None, providers=["CPUExecutionProvider"],
+                    spin_wait=False)
+    candidate.unlink()  # the session holds the graph in memory
+    return LoadedModel(directory, manifest, tokenizer, engine, make_task(manifest, directory))
+
+
+def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:
+    """The numbers parity compares, from one row of a served batch, with the defaults a task's answer applies
+    (normalization, the score activation); token labels: the probabilities its entities are grouped from."""
+    task, facts = model.manifest.source.task, model.manifest.task
+    if task == "feature-extraction":
+        return (l2_normalize(row) if facts.normalize else row).astype(np.float32)
+    if task == "token-classification":
+        return row[:length].astype(np.float32)
+    default = "sigmoid" if task == "ranking" else "softmax"
+    return activate(row, facts.score_activation or default).astype(np.float32)
+
+
+def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = Settings()) -> ServedOutputs:
+    """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
+    mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
+    (padding, engine, the task's reduction)."""
+    encoded = model.tokenizer.encode(inputs, truncate=True)
+    alone = [row_values(model, model.forward([e])[0], len(e)) for e in encoded]
+    batched: list[np.ndarray | None] = [None] * len(inputs)
+    largest = 0
+    for indices in mixed_batches([len(e) for e in encoded], settings):
+        largest = max(largest, len(indices))
+        rows = model.forward([encoded[i] for i in indices])
+        for row, i in zip(rows, indices):
+            batched[i] = row_values(model, row, len(encoded[i]))
+    return ServedOutputs(alone, batched, largest)  # type: ignore[arg-type]  # every index is in one batch
+
+
+def mixed_batches(lengths: list[int], settings: Settings) -> list[list[int]]:
+    """Shuffled batches filled as the server's batcher fills them: up to max_batch_size rows and
+    max_batch_tokens padded tokens (rows x longest)."""
+    order = list(range(len(lengths)))
+    random.Random(SHUFFLE_SEED).shuffle(order)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        rows, longest = len(current) + 1, max([lengths[j] for j in current] + [lengths[i]])
+        if current and (rows > settings.max_batch_size or rows * longest > settings.max_batch_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class ServedParity:
+    result: ParityResult                 # each metric at its worse value of alone and batched
+    modes: dict[str, dict[str, float]]   # the metrics of each way of serving
+    batch_invariance: dict[str, float]
+
+
+def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
+                  settings: Settings = Settings()) -> ServedParity:
+    task = model.manifest.source.task
+    outputs = run_served(model, inputs, settings)
+    groups = ranking_group_sizes(inputs) if task == "ranking" else None
+    alone = compare(task, reference, outputs.alone, groups, thresholds)
+    batched = compare(task, reference, outputs.batched, groups, thresholds)
+    invariance = {**batch_invariance(task, outputs.alone, outputs.batched), "largest_batch": float(outputs.batch_rows)}
+    return ServedParity(worst(alone, batched), {"alone": alone.metrics, "batched": batched.metrics}, invariance)
