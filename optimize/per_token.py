@@ -70,8 +70,10 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     for node in graph.node:
         for name in node.input:
             consumers[name].append(node)
+    # a shared weight cannot be rewritten for one of its users
     chosen = [n for n in graph.node if n.name not in skipped and _weight(n, weights) is not None
-              and sum(1 for c in consumers[n.input[1]]) == 1]
+              and len(consumers[n.input[1]]) == 1]
+    chosen_names = {n.name for n in chosen}
     by_input: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in chosen:
         by_input[node.input[0]].append(node)
@@ -94,7 +96,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
             record.smoothed_inputs += 1
             source = producers.get(tensor)
             only_ours = all(c in nodes for c in consumers[tensor])
-            if (source is not None and source.op_type == "Attention" and source in chosen and only_ours
+            if (source is not None and source.op_type == "Attention" and source.name in chosen_names and only_ours
                     and source.name in biases):
                 # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
                 hidden = scale.shape[0]
@@ -111,7 +113,6 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
     new_nodes: list[onnx.NodeProto] = []
     prologue_done: set[str] = set()
-    chosen_names = {n.name for n in chosen}
     for node in graph.node:
         if node.name not in chosen_names:
             new_nodes.append(node)
