@@ -169,7 +169,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     with stages.stage("validate"):
         checked = served(final, heldout, heldout_reference)
         parity = checked.result
-        log(f"  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
+        log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
         log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
     if not parity.passed:
         report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
