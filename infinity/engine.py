@@ -1,6 +1,7 @@
 """One onnxruntime session for one artifact."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,9 @@ from infinity.tokenization import Batch
 
 QUIET = ort.RunOptions()
 QUIET.log_severity_level = 4  # fatal only
+
+
+NODE_NAME = re.compile(r" ?Name:'[^']*'")
 
 
 class EngineError(RuntimeError):
@@ -48,4 +52,5 @@ class Engine:
                 return self.session.run([self.output_name], inputs, QUIET)[0]
             return self.session.run([self.output_name], inputs)[0]
         except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EngineError(f"inference failed: {exc}") from exc
+            # clients get onnxruntime's reason, not the graph's node names (its own log line keeps those)
+            raise EngineError(f"inference failed: {NODE_NAME.sub('', str(exc))}") from exc

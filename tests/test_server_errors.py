@@ -297,3 +297,13 @@ def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedM
     assert_error(refused, 429, "overloaded")
     assert "Retry-After" in refused.headers or "retry-after" in refused.headers
 
+
+
+def test_an_engine_error_names_no_graph_nodes(model: LoadedModel) -> None:
+    from infinity.engine import EngineError
+    from infinity.tokenization import Batch
+
+    ids = np.array([[101, 10 ** 6, 102]], dtype=np.int64)  # past the vocabulary: onnxruntime refuses it
+    with pytest.raises(EngineError) as caught:
+        model.engine.run(Batch(ids, np.ones_like(ids), np.zeros_like(ids)), quiet=True)
+    assert "out of range" in str(caught.value) and "Name:" not in str(caught.value)
