@@ -27,9 +27,9 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
 def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     """Routes of the other tasks, each answering 404 in its family's error shape."""
     paths = {endpoint.path for endpoint in served}
-    others = [(path, openai.OPENAI, FeatureExtraction.name) for path in ("/v1/embeddings", "/embeddings")]
-    others += [("/embed", tei.TEI, FeatureExtraction.name), ("/rerank", tei.TEI, Ranking.name)]
-    others += [(path, cohere.COHERE, Ranking.name) for path in ("/v1/rerank", "/v2/rerank")]
+    others = [(path, openai.OPENAI, FeatureExtraction.name) for path in openai.EMBEDDINGS]
+    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.RERANK, tei.TEI, Ranking.name)]
+    others += [(path, cohere.COHERE, Ranking.name) for path in cohere.RERANK]
     result = []
     for path, family, needs in others:
         if path not in paths:

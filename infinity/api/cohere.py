@@ -17,6 +17,7 @@ COHERE = Family("cohere", lambda status, message, error_type: {"message": messag
 ERRORS = {400: "Empty query or documents", 401: "Missing or wrong API key",
           413: "Body too large or too many documents", 422: "Malformed body or unknown field",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
+RERANK = ("/v1/rerank", "/v2/rerank")
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
@@ -57,4 +58,4 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
         "id": {"type": "string"}, "results": {"type": "array", "items": item}, "meta": {"type": "object"}}}
     schema = body_schema(limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
-                     tasks=(Ranking.name,), errors=ERRORS) for path in ("/v1/rerank", "/v2/rerank")]
+                     tasks=(Ranking.name,), errors=ERRORS) for path in RERANK]

@@ -30,6 +30,7 @@ ERROR_DOC = {"type": "object", "required": ["error"], "properties": {"error": {
                                      "code": {"type": "string", "nullable": True}}}}}
 # OpenAI answers every invalid request with 400, where the other routes say 422
 OPENAI = Family("openai", _error, status=lambda status: 400 if status == 422 else status, error_doc=ERROR_DOC)
+EMBEDDINGS = ("/v1/embeddings", "/embeddings")
 ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the model's)",
           401: "Missing or wrong API key", 413: "Body too large or too many inputs",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
@@ -88,7 +89,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[End
                                                    "total_tokens": {"type": "integer"}}}}}
     schema = body_schema(task, limit, vocabulary)
     return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
-                     tasks=(FeatureExtraction.name,), errors=ERRORS) for path in ("/v1/embeddings", "/embeddings")]
+                     tasks=(FeatureExtraction.name,), errors=ERRORS) for path in EMBEDDINGS]
 
 
 def models(manifest: Manifest, started: int, protected: bool) -> Endpoint:

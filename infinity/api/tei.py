@@ -16,6 +16,7 @@ from infinity.tokenization import TextTokenizer
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
 FLOATS = {"type": "array", "items": {"type": "number"}}
+EMBED, RERANK = "/embed", "/rerank"
 
 
 def _cut(request: Request, body: dict[str, Any]) -> Request:
@@ -36,7 +37,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
         return _cut(Request(texts), body), render
 
-    return Endpoint("/embed", TEI, "Embed texts (TEI)", {"type": "array", "items": FLOATS}, body=schema,
+    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": FLOATS}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
 
 
@@ -58,7 +59,7 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
 
         return _cut(task.pairs(body["query"], body["texts"]), body), render
 
-    return Endpoint("/rerank", TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
+    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
                     prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)
 
 
