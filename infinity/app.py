@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from http import HTTPStatus
 import logging
 from collections.abc import AsyncIterator
 from typing import TypedDict
@@ -19,6 +20,7 @@ from infinity.api.endpoint import Endpoint, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import version
 from infinity.auth import ApiKeys
+from infinity.protection import Shedding, canned
 from infinity.model import LoadedModel
 from infinity.service import Service
 from infinity.settings import Settings
@@ -63,6 +65,13 @@ class LastResort:
                 await HF.failure(500, "internal server error", "internal")(scope, receive, send)
 
 
+def refusal(endpoint: Endpoint, retry_after: int) -> bytes:
+    """The whole 429 response of one route, in its family's error shape, for refusals made on the socket."""
+    status = endpoint.family.status(429)
+    body = endpoint.family.error(status, "the server is at capacity; retry later", "overloaded")
+    return canned(status, HTTPStatus(status).phrase, "", "", f"retry-after: {retry_after}\r\n", body=body, close=False)
+
+
 def _view(endpoint: Endpoint) -> View:
     if endpoint.view is not None:
         return endpoint.view
@@ -78,14 +87,19 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
         service = Service(model, settings)
         await service.start()
+        shedding.full = lambda: service.full
+        shedding.refused = lambda path: service.metrics.refused(path.decode("latin-1"))
         log.info("ready: %s on %s (%s)", model.manifest.source.task, model.manifest.target.name,
                  model.manifest.model.precision)
         try:
             yield {"service": service}
         finally:
+            shedding.full = Shedding.full
             await service.close()
 
     served = api.endpoints(model, settings)
+    shedding = Shedding(answers={f"POST {e.path} ".encode(): refusal(e, settings.retry_after)
+                                 for e in served if e.inference})
     everything = served + api.elsewhere(served, model.task.name)
     routes = [Route(e.path, _view(e), methods=[e.method]) for e in everything]
     guarded = {e.path: e.family for e in everything if e.protected}
@@ -93,5 +107,6 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
     title = f"infinity: {model.manifest.source.task} with {model.manifest.public_model_id}"
+    app.state.shedding = shedding
     app.state.openapi = openapi.document(served, title, version(), secured=bool(settings.api_keys))
     return app

@@ -144,7 +144,8 @@ def serve(directory: Path, settings: Settings) -> int:
     sock = bind(settings.host, settings.port)
     try:
         model = open_checked(directory, settings, threads)
-        return run(create_app(model, settings), settings, sock)
+        app = create_app(model, settings)
+        return run(app, settings, sock, app.state.shedding)
     finally:
         sock.close()
 

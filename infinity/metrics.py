@@ -88,6 +88,11 @@ class Metrics:
                                 ("route", "error_type"))
         self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", queue_depth)
 
+    def refused(self, route: str) -> None:
+        """A 429 given at admission, on the socket or in the handler."""
+        self.failures.inc(route, "overloaded")
+        self.requests.inc(route, "429")
+
     def render(self) -> str:
         parts = (self.request, self.tokenization, self.queue, self.inference, self.batch_size, self.batch_tokens,
                  self.requests, self.failures, self.depth)

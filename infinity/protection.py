@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -30,12 +31,42 @@ class Limits:
     body_timeout: float
 
 
-def canned(status: int, reason: str, message: str, error_type: str, extra: str = "") -> bytes:
+def canned(status: int, reason: str, message: str, error_type: str, extra: str = "",
+           body: dict[str, Any] | None = None, close: bool = True) -> bytes:
     """A whole JSON error response, written straight to the socket (the app never sees these requests)."""
-    body = orjson.dumps({"error": message, "error_type": error_type})
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"{extra}connection: close\r\n\r\n")
-    return head.encode("ascii") + body
+    payload = orjson.dumps(body if body is not None else {"error": message, "error_type": error_type})
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+            f"{extra}connection: {'close' if close else 'keep-alive'}\r\n\r\n")
+    return head.encode("ascii") + payload
+
+
+@dataclass
+class Shedding:
+    """Refusals decided on the socket: while `full()` holds, a whole small POST to one of these paths gets its
+    route's 429 without a parser callback, an ASGI task or the app: a retry storm costs microseconds a try and
+    leaves the event loop to the requests already admitted."""
+    answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole response
+    full: Callable[[], bool] = lambda: False
+    refused: Callable[[bytes], None] = lambda path: None  # counts a refusal (metrics)
+
+    def answer(self, data: bytes, end: int) -> bytes | None:
+        """The 429 for `data` if it is exactly one whole request to a shed path and the server is full."""
+        space = data.find(b" ", 5, 300) if data.startswith(b"POST ") else -1
+        answer = self.answers.get(data[:space + 1]) if space > 0 else None
+        if answer is None or not self.full():
+            return None
+        head = data[:end].lower()
+        at = head.find(b"\ncontent-length:")
+        if at < 0 or b"transfer-encoding" in head or head[space + 1:space + 9] != b"http/1.1":
+            return None  # anything but a plain HTTP/1.1 keep-alive request with a sized body takes the usual path
+        connection = head.find(b"\nconnection:")
+        if connection >= 0 and head[connection + 12:head.find(b"\n", connection + 1)].strip() != b"keep-alive":
+            return None
+        length = head[at + 16:head.find(b"\n", at + 1)].strip()
+        if not length.isdigit() or end + int(length) != len(data):
+            return None
+        self.refused(data[5:space])
+        return answer
 
 
 TIMEOUT = canned(408, "Request Timeout", "the request did not arrive in time", "timeout")
@@ -54,6 +85,7 @@ def end_of_head(data: bytes | bytearray, start: int) -> int:
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits: Limits
+    shedding: Shedding
     too_large: bytes
     idle_ones: dict[GuardedHttpToolsProtocol, None]  # open connections waiting for a request, longest first
     last_warning = 0.0
@@ -126,7 +158,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.idle_ones.pop(self, None)
             end = end_of_head(data, 0)
             if 0 <= end <= limit:  # the usual case: a whole head in one read
-                self._feed(data)
+                refusal = self.shedding.answer(data, end)
+                if refusal is None:
+                    self._feed(data)
+                else:  # answered as a keep-alive response: the connection is idle again, on the usual timer
+                    self._unset_keepalive_if_required()
+                    self.transport.write(refusal)
+                    self.idle_ones[self] = None
+                    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                        self.timeout_keep_alive_handler)
                 return
             self._unset_keepalive_if_required()
             if self.deadline is None:
@@ -208,8 +248,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             log.warning(message, *args)
 
 
-def protocol_class(limits: Limits) -> type[GuardedHttpToolsProtocol]:
+def protocol_class(limits: Limits, shedding: Shedding | None = None) -> type[GuardedHttpToolsProtocol]:
     too_large = canned(431, "Request Header Fields Too Large",
                        f"the request line and headers exceed {limits.max_header_bytes} bytes", "header_too_large")
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
-                {"limits": limits, "too_large": too_large, "idle_ones": {}})
+                {"limits": limits, "too_large": too_large, "idle_ones": {}, "shedding": shedding or Shedding()})

@@ -9,7 +9,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from infinity.preflight import StartupError
-from infinity.protection import Limits, protocol_class
+from infinity.protection import Limits, Shedding, protocol_class
 from infinity.settings import Settings
 
 try:
@@ -66,8 +66,8 @@ def limits(settings: Settings) -> Limits:
                   header_timeout=settings.header_timeout, body_timeout=settings.body_timeout)
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket) -> int:
-    config = uvicorn.Config(app, http=protocol_class(limits(settings)), ws="none", lifespan="on",
+def run(app: ASGIApp, settings: Settings, sock: socket.socket, shedding: Shedding | None = None) -> int:
+    config = uvicorn.Config(app, http=protocol_class(limits(settings), shedding), ws="none", lifespan="on",
                             log_level=settings.log_level, access_log=settings.access_log,
                             timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=settings.drain_timeout)

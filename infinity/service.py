@@ -104,12 +104,17 @@ class Service:
                     log.warning("readiness probe failed: %s", exc)
         return self.healthy
 
+    @property
+    def full(self) -> bool:
+        """A new request would be refused now: a full queue plus one full batch are already admitted."""
+        return self.in_flight >= self.max_in_flight or self.batcher.depth >= self.settings.max_queue
+
     @contextlib.contextmanager
     def admission(self) -> Iterator[None]:
         """Hold a place from before the body is read until the answer is ready; none free is a 429 at once."""
         if not self.warm:
             raise NotReady("the model is not ready yet")
-        if self.in_flight >= self.max_in_flight or self.batcher.depth >= self.settings.max_queue:
+        if self.full:
             raise Overloaded(f"{self.in_flight} requests are already in flight; retry later")
         self.in_flight += 1
         try:

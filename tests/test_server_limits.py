@@ -6,6 +6,7 @@ import resource
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from infinity.cli import build_parser, settings_from
 from infinity.preflight import StartupError
+from infinity.protection import Shedding
 from tests.servers import ROOT, WAIT, Server, running
 
 HEAD_LIMIT = 4096
@@ -182,3 +184,72 @@ def test_a_port_in_use_is_refused_before_the_model_loads(minilm_fp32_artifact: P
     # one line and nothing else: no model was loaded, no "ready" was logged
     assert result.stderr.strip().splitlines() == [f"infinity: error: cannot listen on 127.0.0.1:{port}: "
                                                   "address already in use"]
+
+
+def shedding(full: bool = True) -> tuple[Shedding, list[bytes]]:
+    counted: list[bytes] = []
+    return Shedding({b"POST /predict ": b"HTTP/1.1 429 Too Many Requests\r\n\r\n"}, lambda: full, counted.append), counted
+
+
+def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str = "", version: str = "1.1") -> bytes:
+    return (f"POST {path} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+@pytest.mark.parametrize("request_bytes, full, refused", [
+    (post(), True, True),
+    (post(extra="Connection: keep-alive\r\n"), True, True),
+    (post(), False, False),  # room left: the app admits it
+    (post("/health/live"), True, False),  # only inference routes are shed
+    (post(extra="Connection: close\r\n"), True, False),  # the usual path closes as asked
+    (post(version="1.0"), True, False),
+    (post()[:-3], True, False),  # the body has not all arrived: its rest must not be read as a request
+    (post() + post(), True, False),  # pipelined: the parser keeps the order of answers
+    (post(extra="Transfer-Encoding: chunked\r\n"), True, False),
+])
+def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(request_bytes: bytes, full: bool,
+                                                                            refused: bool) -> None:
+    gate, counted = shedding(full)
+    end = request_bytes.find(b"\r\n\r\n") + 4
+    assert (gate.answer(request_bytes, end) is not None) is refused
+    assert counted == ([b"/predict"] if refused else [])
+
+
+def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,
+                                                                         tmp_path: Path) -> None:
+    """One place in flight beside one queued: most of 16 simultaneous long requests are refused, each as a
+    keep-alive 429 with Retry-After, and every refused connection is served normally once the load is gone."""
+    long = orjson.dumps({"inputs": "a longer text that keeps the engine busy for a while " * 30})
+    small = ("--max-queue", "1", "--max-batch-size", "1", "--max-inputs-per-request", "1")
+    with running(minilm_fp32_artifact, tmp_path / "server.log", *small) as started:
+        sockets = [connect(started) for _ in range(16)]
+        for index, sock in enumerate(sockets):
+            sock.sendall(post("/v1/embeddings", orjson.dumps({"input": orjson.loads(long)["inputs"]})))
+            if index == 1:
+                time.sleep(0.05)  # the first two are admitted: the rest arrive at a full server
+        answers = [read_response(sock) for sock in sockets]
+        refused = [a for a in answers if status(a) == 429]
+        assert refused and all(status(a) in (200, 429) for a in answers)
+        assert any(b"at capacity" in a for a in refused)  # refused on the socket, before the app
+        for response in refused:
+            head, _, body = response.partition(b"\r\n\r\n")
+            assert b"retry-after: 1" in head.lower() and b"connection: close" not in head.lower()
+            assert orjson.loads(body)["error"]["code"] == "overloaded"
+        for sock in sockets:
+            sock.sendall(post())
+            assert status(read_response(sock)) == 200
+            sock.close()
+        metrics = httpx.get(f"http://127.0.0.1:{started.port}/metrics").text
+    assert f'infinity_requests_total{{route="/v1/embeddings",status="429"}} {len(refused)}' in metrics
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response with a content-length body, leaving the connection open."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
