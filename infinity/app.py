@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import contextlib
-from http import HTTPStatus
 import logging
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import TypedDict
 
 from starlette.applications import Starlette

@@ -89,7 +89,7 @@ class Metrics:
         self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", queue_depth)
 
     def refused(self, route: str) -> None:
-        """A 429 given at admission, on the socket or in the handler."""
+        """A 429 given on the socket (the handler's refusals are counted by its failure path)."""
         self.failures.inc(route, "overloaded")
         self.requests.inc(route, "429")
 

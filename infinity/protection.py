@@ -162,6 +162,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 if refusal is None:
                     self._feed(data)
                 else:  # answered as a keep-alive response: the connection is idle again, on the usual timer
+                    self._disarm()  # the head arrived: its deadline must not close the connection later
                     self._unset_keepalive_if_required()
                     self.transport.write(refusal)
                     self.idle_ones[self] = None
