@@ -217,17 +217,28 @@ def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(requ
 
 def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,
                                                                          tmp_path: Path) -> None:
-    """One place in flight beside one queued: most of 16 simultaneous long requests are refused, each as a
-    keep-alive 429 with Retry-After, and every refused connection is served normally once the load is gone."""
-    long = orjson.dumps({"inputs": "a longer text that keeps the engine busy for a while " * 30})
+    """One place in flight beside one queued: long requests that arrive while both are taken are refused on
+    the socket, each as a keep-alive 429 with Retry-After, and every refused connection is served normally
+    once the load is gone. A round whose first two requests finish before the rest arrive is run again."""
+    body = orjson.dumps({"input": "a longer text that keeps the engine busy for a while " * 30})
     small = ("--max-queue", "1", "--max-batch-size", "1", "--max-inputs-per-request", "1")
     with running(minilm_fp32_artifact, tmp_path / "server.log", *small) as started:
-        sockets = [connect(started) for _ in range(16)]
-        for index, sock in enumerate(sockets):
-            sock.sendall(post("/v1/embeddings", orjson.dumps({"input": orjson.loads(long)["inputs"]})))
-            if index == 1:
-                time.sleep(0.05)  # the first two are admitted: the rest arrive at a full server
-        answers = [read_response(sock) for sock in sockets]
+        sockets: list[socket.socket] = []
+        answers: list[bytes] = []
+        for _ in range(5):
+            round_sockets = [connect(started) for _ in range(16)]
+            for sock in round_sockets[:2]:
+                sock.sendall(post("/v1/embeddings", body))
+            until = time.monotonic() + 2
+            while time.monotonic() < until and "infinity_queue_depth 1" not in \
+                    httpx.get(f"http://127.0.0.1:{started.port}/metrics").text:
+                time.sleep(0.002)
+            for sock in round_sockets[2:]:
+                sock.sendall(post("/v1/embeddings", body))
+            sockets += round_sockets
+            answers += [read_response(sock) for sock in round_sockets]
+            if any(b"at capacity" in a for a in answers):
+                break
         refused = [a for a in answers if status(a) == 429]
         assert refused and all(status(a) in (200, 429) for a in answers)
         assert any(b"at capacity" in a for a in refused)  # refused on the socket, before the app
