@@ -89,6 +89,7 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
         await service.start()
         shedding.full = lambda: service.full
         shedding.refused = lambda path: service.metrics.refused(path.decode("latin-1"))
+        shedding.rejected = service.metrics.rejected.inc
         log.info("ready: %s on %s (%s)", model.manifest.source.task, model.manifest.target.name,
                  model.manifest.model.precision)
         try:

@@ -86,6 +86,10 @@ class Metrics:
                                 ("route", "status"))
         self.failures = Counter("infinity_failures_total", "Failed requests by route and error type.",
                                 ("route", "error_type"))
+        self.rejected = Counter("infinity_socket_refusals_total",
+                                "Answered on the socket without the app: header_too_large (431), timeout (408), "
+                                "too_many_connections (503); idle_evicted: an idle connection closed to make room.",
+                                ("reason",))
         self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", queue_depth)
 
     def refused(self, route: str) -> None:
@@ -95,5 +99,5 @@ class Metrics:
 
     def render(self) -> str:
         parts = (self.request, self.tokenization, self.queue, self.inference, self.batch_size, self.batch_tokens,
-                 self.requests, self.failures, self.depth)
+                 self.requests, self.failures, self.rejected, self.depth)
         return "\n".join(line for part in parts for line in part.render()) + "\n"

@@ -48,6 +48,7 @@ class Shedding:
     answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole response
     full: Callable[[], bool] = lambda: False
     refused: Callable[[bytes], None] = lambda path: None  # counts a refusal (metrics)
+    rejected: Callable[[str], None] = lambda reason: None  # counts a 431, 408 or 503 answered on the socket
 
     def answer(self, data: bytes, end: int) -> bytes | None:
         """The 429 for `data` if it is exactly one whole request to a shed path and the server is full."""
@@ -105,7 +106,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
             self.transport = transport
             self._warn("refusing connections: %d are open, the limit", len(self.connections))
-            self._reject(BUSY)
+            self._reject(BUSY, "too_many_connections")
             return
         super().connection_made(transport)
         self.idle_ones[self] = None
@@ -133,6 +134,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if not victim.transport.is_closing():
                 self.connections.discard(victim)
                 victim.transport.close()
+                self.shedding.rejected("idle_evicted")
                 return True
         return False
 
@@ -149,7 +151,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 if len(data) > room:
                     super().data_received(data[:room])
                     if self.in_message and not self.head_done and not self.transport.is_closing():
-                        self._reject(self.too_large)
+                        self._reject(self.too_large, "header_too_large")
                         return
                     data = data[room:]
             self._feed(data)
@@ -176,7 +178,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.head += data
         end = end_of_head(self.head, start)
         if end > limit or (end < 0 and len(self.head) > limit):
-            self._reject(self.too_large)
+            self._reject(self.too_large, "header_too_large")
         elif end >= 0:
             whole = bytes(self.head)
             self.head.clear()
@@ -221,13 +223,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.abort()
         elif self.head or self.in_message:
             log.debug("a request from %s did not arrive in time", self.client)
-            self._reject(TIMEOUT)
+            self._reject(TIMEOUT, "timeout")
         else:
             self.transport.close()  # nothing arrived: close quietly, as a keep-alive timeout does
 
-    def _reject(self, response: bytes) -> None:
+    def _reject(self, response: bytes, reason: str) -> None:
         """Answer without the app, stop reading into the parser, and close once the client has had the answer."""
         self.refused = True
+        self.shedding.rejected(reason)
         self.head.clear()
         self.idle_ones.pop(self, None)
         cycle = self.cycle

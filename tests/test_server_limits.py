@@ -55,6 +55,13 @@ def error_type(response: bytes) -> str:
     return str(orjson.loads(response.partition(b"\r\n\r\n")[2])["error_type"])
 
 
+def refusals(server: Server, reason: str) -> int:
+    """The server's own count of socket answers for `reason`, from /metrics."""
+    metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    line = f'infinity_socket_refusals_total{{reason="{reason}"}} '
+    return next((int(row[len(line):]) for row in metrics.splitlines() if row.startswith(line)), 0)
+
+
 def head_of(size: int) -> bytes:
     start = b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: "
     return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
@@ -71,12 +78,14 @@ def test_settings_for_the_limits_come_from_flags_and_environment() -> None:
 
 
 def test_a_head_up_to_the_limit_is_served_and_one_byte_more_is_431(server: Server) -> None:
+    before = refusals(server, "header_too_large")
     for size, expected in ((HEAD_LIMIT, 200), (HEAD_LIMIT + 1, 431)):
         with connect(server) as sock:
             sock.sendall(head_of(size))
             response = answer(sock)
         assert status(response) == expected, response[:200]
     assert error_type(response) == "header_too_large"
+    assert refusals(server, "header_too_large") == before + 1
 
 
 def test_a_huge_header_is_refused_while_it_is_still_arriving(server: Server) -> None:
@@ -115,10 +124,12 @@ def test_pipelined_requests_are_all_answered(server: Server) -> None:
     b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs",  # a body that never ends
 ])
 def test_a_request_that_stops_arriving_gets_408_and_is_closed(server: Server, sent: bytes) -> None:
+    before = refusals(server, "timeout")
     with connect(server) as sock:
         sock.sendall(sent)
         response = answer(sock)
     assert status(response) == 408 and error_type(response) == "timeout", response[:200]
+    assert refusals(server, "timeout") == before + 1
 
 
 def test_a_body_that_stalls_after_its_answer_gets_no_second_answer(server: Server) -> None:
@@ -137,6 +148,7 @@ def test_silent_and_idle_keep_alive_connections_are_closed(server: Server) -> No
 
 
 def test_connections_beyond_the_cap_get_503_and_idle_ones_make_room(server: Server) -> None:
+    turned_away, evicted = refusals(server, "too_many_connections"), refusals(server, "idle_evicted")
     busy = [connect(server) for _ in range(CONNECTIONS)]
     try:
         for sock in busy:
@@ -147,9 +159,11 @@ def test_connections_beyond_the_cap_get_503_and_idle_ones_make_room(server: Serv
     finally:
         for sock in busy:
             sock.close()
+    assert refusals(server, "too_many_connections") == turned_away + 1
     idle = [connect(server) for _ in range(CONNECTIONS * 2)]
     try:
         assert httpx.get(f"{server.url}/health/live", timeout=WAIT).status_code == 200
+        assert refusals(server, "idle_evicted") > evicted  # room made for the idle ones beyond the cap
     finally:
         for sock in idle:
             sock.close()
