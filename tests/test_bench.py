@@ -69,3 +69,14 @@ def test_short_request_figures_come_from_one_alternating_run(server, minilm_fp32
         assert row["c16_over_engine8"] == row["http_c16_rps"] / row["in_process_batch8_seq_s"] > 0
         assert row["c1_overhead_ms"] == row["http_c1_p50_ms"] - row["in_process_p50_ms"]
     assert result["median"]["http_c16_p99_ms"] >= result["median"]["http_c16_p50_ms"] > 0
+
+
+def test_the_retry_storm_runs_from_its_own_process_and_sees_429s(server):  # noqa: F811
+    from bench.abuse import loop_cpu_s, storm_process
+
+    process, port, _ = server
+    before = loop_cpu_s(process.pid)
+    summary, latencies, ok, refused = storm_process(port, 1.5, nice=5)
+    assert ok == len(latencies) > 0 and refused > 0  # 300 clients overflow the 160 places of the default window
+    assert f"{refused} x 429" in summary
+    assert loop_cpu_s(process.pid) > before
