@@ -48,7 +48,7 @@ class Shedding:
     answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole response
     full: Callable[[], bool] = lambda: False
     refused: Callable[[bytes], None] = lambda path: None  # counts a refusal (metrics)
-    rejected: Callable[[str], None] = lambda reason: None  # counts a 431, 408 or 503 answered on the socket
+    rejected: Callable[[str], None] = lambda reason: None  # counts a 431, 408 or 503 on the socket, or an idle eviction
 
     def answer(self, data: bytes, end: int) -> bytes | None:
         """The 429 for `data` if it is exactly one whole request to a shed path and the server is full."""
