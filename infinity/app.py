@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import TypedDict
 
@@ -16,10 +16,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity import api, openapi
-from infinity.api.endpoint import Endpoint, View, handle
+from infinity.api.endpoint import Endpoint, View, closed, handle, respond
 from infinity.api.hf import HF
 from infinity.api.ops import version
 from infinity.auth import ApiKeys
+from infinity.lane import Lane, Serve
 from infinity.protection import Shedding, canned
 from infinity.model import LoadedModel
 from infinity.service import Service
@@ -65,6 +66,23 @@ class LastResort:
                 await HF.failure(500, "internal server error", "internal")(scope, receive, send)
 
 
+def lane_core(endpoints: dict[str, Endpoint], service: Service) -> Serve:
+    """The lane's way into the routes' core, with the usual path's last resort around it."""
+
+    async def serve(path: str, body: bytes, gone: Callable[[], bool]) -> Response:
+        async def read() -> bytes:
+            return body
+
+        try:
+            return await respond(endpoints[path], service, read, gone=gone)
+        except Exception:
+            log.exception("unhandled error on POST %s", path)
+            service.metrics.failures.inc(path, "internal")
+            return HF.failure(500, "internal server error", "internal")
+
+    return serve
+
+
 def refusal(endpoint: Endpoint, retry_after: int) -> bytes:
     """The whole 429 response of one route, in its family's error shape, for refusals made on the socket."""
     status = endpoint.family.status(429)
@@ -90,17 +108,26 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
         shedding.full = lambda: service.full
         shedding.refused = lambda path: service.metrics.refused(path.decode("latin-1"))
         shedding.rejected = service.metrics.rejected.inc
+        if lane is not None:
+            lane.serve = lane_core(inference, service)
+            lane.closed = lambda path: closed(inference[path], service)
         log.info("ready: %s on %s (%s)", model.manifest.source.task, model.manifest.target.name,
                  model.manifest.model.precision)
         try:
             yield {"service": service}
         finally:
             shedding.full = Shedding.full
+            if lane is not None:
+                lane.serve = None
             await service.close()
 
     served = api.endpoints(model, settings)
-    shedding = Shedding(answers={f"POST {e.path} ".encode(): refusal(e, settings.retry_after)
-                                 for e in served if e.inference})
+    inference = {e.path: e for e in served if e.inference}
+    shedding = Shedding(answers={f"POST {path} ".encode(): refusal(e, settings.retry_after)
+                                 for path, e in inference.items()})
+    # API keys are checked by a middleware the lane would skip: with keys, every request takes the usual path
+    lane = None if settings.api_keys else Lane({f"POST {path} ".encode(): path for path in inference},
+                                               settings.max_payload_bytes)
     everything = served + api.elsewhere(served, model.task.name)
     routes = [Route(e.path, _view(e), methods=[e.method]) for e in everything]
     guarded = {e.path: e.family for e in everything if e.protected}
@@ -109,5 +136,6 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
     title = f"infinity: {model.manifest.source.task} with {model.manifest.public_model_id}"
     app.state.shedding = shedding
+    app.state.lane = lane
     app.state.openapi = openapi.document(served, title, version(), secured=bool(settings.api_keys))
     return app

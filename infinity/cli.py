@@ -145,7 +145,7 @@ def serve(directory: Path, settings: Settings) -> int:
     try:
         model = open_checked(directory, settings, threads)
         app = create_app(model, settings)
-        return run(app, settings, sock, app.state.shedding)
+        return run(app, settings, sock, app.state.shedding, app.state.lane)
     finally:
         sock.close()
 

@@ -52,22 +52,38 @@ class Shedding:
 
     def answer(self, data: bytes, end: int) -> bytes | None:
         """The 429 for `data` if it is exactly one whole request to a shed path and the server is full."""
-        space = data.find(b" ", 5, 300) if data.startswith(b"POST ") else -1
-        answer = self.answers.get(data[:space + 1]) if space > 0 else None
+        answer = self.answers.get(route_of(data))
         if answer is None or not self.full():
             return None
-        head = data[:end].lower()
-        at = head.find(b"\ncontent-length:")
-        if at < 0 or b"transfer-encoding" in head or head[space + 1:space + 9] != b"http/1.1":
-            return None  # anything but a plain HTTP/1.1 keep-alive request with a sized body takes the usual path
-        connection = head.find(b"\nconnection:")
-        if connection >= 0 and head[connection + 12:head.find(b"\n", connection + 1)].strip() != b"keep-alive":
-            return None
-        length = head[at + 16:head.find(b"\n", at + 1)].strip()
-        if not length.isdigit() or end + int(length) != len(data):
-            return None
-        self.refused(data[5:space])
+        length = declared_body(data, end)
+        if length is None or end + length != len(data):
+            return None  # anything but one plain HTTP/1.1 keep-alive request with a sized body takes the usual path
+        self.refused(data[5:data.find(b" ", 5)])
         return answer
+
+
+def route_of(data: bytes) -> bytes:
+    """A POST's request line up to its target, "POST /path " (b"" for anything else)."""
+    space = data.find(b" ", 5, 300) if data.startswith(b"POST ") else -1
+    return data[:space + 1] if space > 0 else b""
+
+
+def declared_body(data: bytes, end: int) -> int | None:
+    """The body length a plain HTTP/1.1 keep-alive request head declares in its one content-length; None for
+    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0), which the parser takes."""
+    head = data[:end].lower()
+    line = head.find(b"\n")
+    if not head[:line].rstrip(b"\r").endswith(b" http/1.1"):
+        return None
+    at = head.find(b"\ncontent-length:")
+    if at < 0 or head.find(b"\ncontent-length:", at + 1) >= 0 or b"transfer-encoding" in head or b"\nexpect:" in head:
+        return None
+    connection = head.find(b"\nconnection:")
+    if connection >= 0 and (head[connection + 12:head.find(b"\n", connection + 1)].strip() != b"keep-alive"
+                            or head.find(b"\nconnection:", connection + 1) >= 0):
+        return None
+    length = head[at + 16:head.find(b"\n", at + 1)].strip()
+    return int(length) if length.isdigit() else None
 
 
 TIMEOUT = canned(408, "Request Timeout", "the request did not arrive in time", "timeout")
@@ -160,16 +176,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.idle_ones.pop(self, None)
             end = end_of_head(data, 0)
             if 0 <= end <= limit:  # the usual case: a whole head in one read
-                refusal = self.shedding.answer(data, end)
-                if refusal is None:
+                if self.cycle is None or (self.cycle.response_complete and not self.pipeline):
+                    self._whole_head(data, end)
+                else:  # behind an answer still being written: the parser keeps the order of answers
                     self._feed(data)
-                else:  # answered as a keep-alive response: the connection is idle again, on the usual timer
-                    self._disarm()  # the head arrived: its deadline must not close the connection later
-                    self._unset_keepalive_if_required()
-                    self.transport.write(refusal)
-                    self.idle_ones[self] = None
-                    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
-                                                                        self.timeout_keep_alive_handler)
                 return
             self._unset_keepalive_if_required()
             if self.deadline is None:
@@ -183,6 +193,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             whole = bytes(self.head)
             self.head.clear()
             self._feed(whole)
+
+    def _whole_head(self, data: bytes, end: int) -> None:
+        """A request whose head came whole in one read, on a connection with no answer pending."""
+        refusal = self.shedding.answer(data, end)
+        if refusal is None:
+            self._feed(data)
+            return
+        # answered as a keep-alive response: the connection is idle again, on the usual timer
+        self._disarm()  # the head arrived: its deadline must not close the connection later
+        self._unset_keepalive_if_required()
+        self.transport.write(refusal)
+        self._idle()
+
+    def _idle(self) -> None:
+        self.idle_ones[self] = None
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def _feed(self, data: bytes) -> None:
         super().data_received(data)

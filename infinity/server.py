@@ -8,6 +8,8 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
+from infinity.lane import Lane
+from infinity.lane import protocol as lane_protocol
 from infinity.preflight import StartupError
 from infinity.protection import Limits, Shedding, protocol_class
 from infinity.settings import Settings
@@ -66,8 +68,12 @@ def limits(settings: Settings) -> Limits:
                   header_timeout=settings.header_timeout, body_timeout=settings.body_timeout)
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket, shedding: Shedding | None = None) -> int:
-    config = uvicorn.Config(app, http=protocol_class(limits(settings), shedding), ws="none", lifespan="on",
+def run(app: ASGIApp, settings: Settings, sock: socket.socket, shedding: Shedding | None = None,
+        lane: Lane | None = None) -> int:
+    http = protocol_class(limits(settings), shedding)
+    if lane is not None and not settings.access_log:  # the access log is written by the usual path
+        http = lane_protocol(http, lane)
+    config = uvicorn.Config(app, http=http, ws="none", lifespan="on",
                             log_level=settings.log_level, access_log=settings.access_log,
                             timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
                             timeout_graceful_shutdown=settings.drain_timeout)

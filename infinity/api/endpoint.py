@@ -125,30 +125,46 @@ def parse_json(body: bytes) -> Any:
 
 async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
     service: Service = request.state.service
+    return await respond(endpoint, service, lambda: read_body(request, service.settings.max_payload_bytes),
+                         lambda work: _unless_disconnected(request, work))
+
+
+def _never() -> bool:
+    return False
+
+
+async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Awaitable[bytes]],
+                  watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
+                  gone: Callable[[], bool] = _never) -> Response:
+    """One inference request, from admission to its response: `read` gives the body; `watch` awaits the
+    result unless the client leaves first (None: await it); `gone` says whether a cancellation came from
+    the client leaving rather than from the drain deadline."""
     started = time.perf_counter()
     try:
         with service.admission():
-            body = await read_body(request, service.settings.max_payload_bytes)
+            body = await read()
             core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
             result = None
             if core is not None:
-                if service.batcher.idle:
+                if watch is None or service.batcher.idle:
                     # Nothing to wait behind: the request starts once tokenized, and a running batch is never
                     # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
                     result = await service.run(core)
                 else:
-                    result = await _unless_disconnected(request, service.run(core))
+                    result = await watch(service.run(core))
                     if result is None:
-                        return _closed(endpoint, service)
+                        return closed(endpoint, service)
             answered = time.perf_counter()
             small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
             content = await service.offload(render, result, small=small)
     except InfinityError as exc:
         return failure(endpoint, service, exc)
     except ClientDisconnect:
-        return _closed(endpoint, service)
+        return closed(endpoint, service)
     except asyncio.CancelledError:
-        # Only the server cancels a handler: its drain deadline passed with this request unanswered.
+        if gone():
+            return closed(endpoint, service)
+        # Otherwise only the server cancels a handler: its drain deadline passed with this request unanswered.
         return failure(endpoint, service, NotReady("the server shut down before this request was answered"))
     done = time.perf_counter()
     timings = result.timings if result is not None else None
@@ -172,7 +188,7 @@ def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Respons
     return endpoint.family.failure(exc.status_code, exc.message, exc.error_type, headers)
 
 
-def _closed(endpoint: Endpoint, service: Service) -> Response:
+def closed(endpoint: Endpoint, service: Service) -> Response:
     log.info("%s: the client disconnected before its answer was ready", endpoint.path)
     service.metrics.failures.inc(endpoint.path, "client_closed")
     service.metrics.requests.inc(endpoint.path, str(CLIENT_CLOSED))

@@ -1,0 +1,182 @@
+"""The short lane: a plain `POST` to an inference route, read and answered by the connection itself.
+
+On the usual path every header becomes part of an ASGI scope, a request cycle and its task are started, and the
+body and the answer travel as ASGI messages through the Starlette stack: for an 8-token embedding that is about
+half of the event loop's work per request. Here the head is checked with a few byte searches, the body is
+gathered as it arrives, and the route's core answers it; the bytes written are those the usual path writes.
+Anything else (chunked or unsized bodies, Expect, Connection other than keep-alive, HTTP/1.0, a request behind
+an answer still pending) goes to the parser as before, and so does everything when API keys or the access log
+are on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from infinity.protection import TIMEOUT, GuardedHttpToolsProtocol, declared_body, route_of
+
+log = logging.getLogger("infinity.lane")
+
+Serve = Callable[[str, bytes, Callable[[], bool]], Awaitable[Response]]  # (path, body, client gone?) -> answer
+
+
+@dataclass
+class Lane:
+    """What the connection needs from the app: its inference routes, and (while the app runs) their core."""
+    routes: dict[bytes, str]  # request line up to the target, "POST /path " -> path
+    max_body: int  # a larger declared body takes the usual path, which answers 413
+    serve: Serve | None = None
+    closed: Callable[[str], object] = lambda path: None  # counts a client that left before its answer was ready
+
+
+def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
+    """A response as the usual path writes it: status line, the server's date and server headers, the
+    response's own headers, and connection: close when the connection ends after it."""
+    lines = [STATUS_LINE[response.status_code]]
+    for name, value in (*default_headers, *response.raw_headers):
+        lines += [name, b": ", value, b"\r\n"]
+    if close:
+        lines.append(b"connection: close\r\n")
+    lines += [b"\r\n", response.body]
+    return b"".join(lines)
+
+
+class LaneProtocol(GuardedHttpToolsProtocol):
+    lane: Lane
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.path: str | None = None  # the lane's request on this connection, from its head to its answer
+        self.request_head = b""  # ... its head, kept to hand the request to the parser if need be
+        self.body = bytearray()
+        self.wanted = 0
+        self.task: asyncio.Task[None] | None = None  # ... being answered
+        self.backlog = bytearray()  # what arrived meanwhile, read once the answer is written
+        self.gone = False  # the client left while its request was answered
+        self.closing = False  # the server drains: close after this answer
+
+    # bytes in
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if self.task is not None:
+            self.backlog += data
+            self.flow.pause_reading()
+        elif self.path is not None:
+            self._gather(data)
+        else:
+            super().data_received(data)
+
+    def _whole_head(self, data: bytes, end: int) -> None:
+        path = self.lane.routes.get(route_of(data)) if self.lane.serve is not None and not self.shedding.full() else None
+        wanted = declared_body(data, end) if path is not None else None
+        if wanted is None or wanted > self.lane.max_body:
+            super()._whole_head(data, end)
+            return
+        self._disarm()
+        self._unset_keepalive_if_required()
+        self.path, self.request_head, self.wanted = path, data[:end], wanted
+        if len(data) - end >= wanted:  # the usual case: the body came with its head
+            self._answer(data[end:end + wanted], data[end + wanted:])
+        else:
+            self.body += data[end:]
+            self._arm(self.limits.body_timeout)
+
+    def _gather(self, data: bytes) -> None:
+        self.body += data
+        if len(self.body) >= self.wanted:
+            self._disarm()
+            body, rest = bytes(self.body[:self.wanted]), bytes(self.body[self.wanted:])
+            self.body.clear()
+            self._answer(body, rest)
+
+    def _to_parser(self) -> None:
+        """The request goes the usual way after all, as if it had never been seen here."""
+        sent = self.request_head + bytes(self.body)
+        self.path, self.request_head = None, b""
+        self.body.clear()
+        self._disarm()
+        self._feed(sent)
+
+    # the answer
+
+    def _answer(self, body: bytes, rest: bytes) -> None:
+        self.backlog += rest
+        self.gone = False
+        self.task = self.loop.create_task(self._respond(self.path or "", body))
+        self.tasks.add(self.task)
+        self.task.add_done_callback(self._answered)
+
+    async def _respond(self, path: str, body: bytes) -> None:
+        serve = self.lane.serve
+        try:
+            response = await serve(path, body, lambda: self.gone) if serve is not None else None
+        except asyncio.CancelledError:  # before the route's core could answer
+            response = None
+        if response is None:  # nothing can be written: the app has stopped, or the task never began
+            self.transport.close()
+            return
+        if self.transport.is_closing():
+            return
+        self.transport.write(wire(response, self.server_state.default_headers, self.closing))
+        if self.flow.write_paused:
+            await self.flow.drain()  # a client that does not read its answers gets no more of them
+
+    def _answered(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.task, self.path, self.request_head = None, None, b""
+        self.server_state.total_requests += 1
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the lane failed on a request: %r", task.exception())
+            self.transport.close()
+        if self.transport.is_closing():
+            return
+        if self.closing:
+            self.transport.close()
+            return
+        self.flow.resume_reading()
+        if self.backlog:
+            waiting = bytes(self.backlog)
+            self.backlog.clear()
+            self.data_received(waiting)
+        else:
+            self._idle()
+
+    # connection events
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.task is not None:
+            self.gone = True
+            self.task.cancel()
+        elif self.path is not None:
+            self.lane.closed(self.path)
+            self.path = None
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self.task is not None:
+            self.closing = True
+            return
+        if self.path is not None:  # still arriving: the usual path drains it (and answers 503 at the deadline)
+            self._to_parser()
+        super().shutdown()
+
+    def _expired(self) -> None:
+        if self.path is not None and self.task is None and not self.refused:
+            self.path = None
+            self.body.clear()
+            log.debug("a request from %s did not arrive in time", self.client)
+            self._reject(TIMEOUT, "timeout")
+            return
+        super()._expired()
+
+
+def protocol(base: type[GuardedHttpToolsProtocol], lane: Lane) -> type[LaneProtocol]:
+    return type("LaneProtocol", (LaneProtocol, base), {"lane": lane})

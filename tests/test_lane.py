@@ -1,0 +1,292 @@
+"""The short lane: plain keep-alive POSTs to inference routes, answered by the connection itself. Each contract
+of the usual path is checked on a real server over real sockets; one test runs the protocol in-process to see
+that the lane, not the parser, answered."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from infinity.app import create_app
+from infinity.lane import LaneProtocol
+from infinity.lane import protocol as lane_protocol
+from infinity.model import LoadedModel
+from infinity.protection import declared_body, protocol_class
+from infinity.server import limits
+from infinity.settings import Settings
+from tests.servers import WAIT, Server, running
+
+LONG = " ".join(["a long sentence that fills the model's whole context window"] * 40)
+
+
+def post(body: bytes, path: str = "/predict", extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\n{extra}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def chunked(body: bytes, path: str = "/predict") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode()
+            + body + b"\r\n0\r\n\r\n")
+
+
+class Reader:
+    """Responses with content-length bodies, one after another from one connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def _fill(self, enough: Callable[[], bool]) -> None:
+        while not enough():
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed before a whole response: {self.buffer[:300]!r}"
+            self.buffer += chunk
+
+    def response(self) -> tuple[bytes, bytes]:
+        self._fill(lambda: b"\r\n\r\n" in self.buffer)
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        self.buffer = rest
+        self._fill(lambda: len(self.buffer) >= length)
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return head, body
+
+    def closed(self) -> bool:
+        return not self.buffer and self.sock.recv(1) == b""
+
+
+def names(head: bytes) -> list[bytes]:
+    return [line.split(b":")[0] for line in head.split(b"\r\n")[1:]]
+
+
+def value(head: bytes, name: bytes) -> bytes:
+    return next(line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")[1:] if line.split(b":")[0] == name)
+
+
+def connect(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
+
+
+def metric(server: Server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    return sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines() if row.startswith(name + " ")
+               or row.startswith(name + "{"))
+
+
+def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running(minilm_fp32_artifact, tmp_path_factory.mktemp("lane") / "server.log", "--body-timeout", "1",
+                 "--keep-alive-timeout", "1") as started:
+        yield started
+
+
+@pytest.mark.parametrize("head, length", [
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n", 12),
+    (b"POST /predict HTTP/1.1\r\nhost: x\r\nconnection: Keep-Alive\r\ncontent-length: 0\r\n\r\n", 0),
+    (b"POST /predict HTTP/1.1\nHost: x\nContent-Length: 7\n\n", 7),
+    (b"POST /predict HTTP/1.0\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nConnection: close\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nContent-Length: 12\r\nContent-Length: 13\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nContent-Length: -1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\n\r\n", None),
+])
+def test_only_a_plain_sized_keep_alive_head_declares_a_body_for_the_lane(head: bytes, length: int | None) -> None:
+    assert declared_body(head, len(head)) == length
+
+
+def test_a_plain_request_gets_the_bytes_the_usual_path_writes(server: Server) -> None:
+    body = orjson.dumps({"inputs": "the same text both ways"})
+    with connect(server) as sock:
+        reader = Reader(sock)
+        sock.sendall(post(body))
+        lane_head, lane_body = reader.response()
+        sock.sendall(chunked(body))  # a chunked body always takes the parser
+        usual_head, usual_body = reader.response()
+    assert lane_head.split(b"\r\n")[0] == usual_head.split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
+    assert names(lane_head) == names(usual_head)
+    for name in (b"server", b"content-type", b"content-length", b"x-compute-tokens"):
+        assert value(lane_head, name) == value(usual_head, name)
+    assert lane_body == usual_body and len(orjson.loads(lane_body)) == 384
+
+
+def test_bodies_in_pieces_and_requests_sent_together_are_answered_in_order(server: Server) -> None:
+    bodies = [orjson.dumps({"inputs": f"text number {i}"}) for i in range(4)]
+    alone = [httpx.post(f"{server.url}/predict", content=body, timeout=WAIT).content for body in bodies]
+    first, second, third, fourth = (post(body) for body in bodies)
+    with connect(server) as sock:
+        reader = Reader(sock)
+        sock.sendall(first[:-5])  # the body arrives later, in two pieces
+        time.sleep(0.05)
+        sock.sendall(first[-5:-2])
+        time.sleep(0.05)
+        sock.sendall(first[-2:] + second + third[:30])  # the next two arrive while the first is answered
+        time.sleep(0.05)
+        sock.sendall(third[30:] + chunked(bodies[3]) + fourth)
+        answers = [reader.response()[1] for _ in range(5)]
+    assert answers == [alone[0], alone[1], alone[2], alone[3], alone[3]]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/embeddings", b'{"input": []}'),
+    ("/predict", b"not json"),
+    ("/predict", b'{"inputs": "fine", "unknown": 1}'),
+    ("/rerank", b'{"query": "q", "texts": ["a"]}'),  # a route of another task
+])
+def test_errors_are_the_same_on_the_lane_and_the_usual_path(server: Server, path: str, body: bytes) -> None:
+    with connect(server) as sock:
+        reader = Reader(sock)
+        sock.sendall(post(body, path) + chunked(body, path) + post(b'{"inputs": "still serving"}'))
+        (lane_head, lane_body), (usual_head, usual_body), (next_head, _) = (reader.response() for _ in range(3))
+    assert lane_head.split(b"\r\n")[0] == usual_head.split(b"\r\n")[0] != b"HTTP/1.1 200 OK"
+    assert names(lane_head) == names(usual_head) and lane_body == usual_body
+    assert next_head.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_lane_connection_is_closed_once_idle_past_the_keep_alive_timeout(server: Server) -> None:
+    with connect(server) as sock:
+        reader = Reader(sock)
+        sock.sendall(post(b'{"inputs": "then nothing"}'))
+        assert b" 200 " in reader.response()[0].split(b"\r\n")[0]
+        assert reader.closed()  # within the 1 s keep-alive timeout; WAIT guards a hang
+
+
+def test_a_body_that_stops_arriving_gets_408(server: Server) -> None:
+    before = metric(server, 'infinity_socket_refusals_total{reason="timeout"}')
+    with connect(server) as sock:
+        sock.sendall(post(b'{"inputs": "never finished"}')[:-4])
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 408 ")
+    assert metric(server, 'infinity_socket_refusals_total{reason="timeout"}') == before + 1
+
+
+def test_with_api_keys_a_plain_request_still_needs_its_key(minilm_fp32_artifact: Path, tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--api-key", "secret") as started:
+        with connect(started) as sock:
+            reader = Reader(sock)
+            sock.sendall(post(b'{"inputs": "no key"}'))
+            refused, _ = reader.response()
+            sock.sendall(post(b'{"inputs": "a key"}', extra="Authorization: Bearer secret\r\n"))
+            accepted, _ = reader.response()
+    assert b" 401 " in refused.split(b"\r\n")[0]
+    assert b" 200 " in accepted.split(b"\r\n")[0]
+
+
+def _busy_then_queued(server: Server) -> tuple[socket.socket, socket.socket]:
+    """One long request running in the engine, and a short one from another client queued behind it."""
+    running_one, queued = connect(server), connect(server)
+    running_one.sendall(post(orjson.dumps({"inputs": [LONG] * 32})))
+    # The engine takes the first (tokenized in milliseconds) long before the second arrives. Were both ever
+    # queued together, they would run as one batch, the depth would never read 1, and until() would fail.
+    time.sleep(0.3)
+    queued.sendall(post(b'{"inputs": "queued behind it"}'))
+    until(lambda: metric(server, "infinity_queue_depth") == 1)
+    return running_one, queued
+
+
+def test_a_client_that_leaves_while_queued_is_counted_and_costs_no_compute(minilm_fp32_artifact: Path,
+                                                                           tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log") as started:
+        rows_before = metric(started, "infinity_batch_size_sum")
+        running_one, queued = _busy_then_queued(started)
+        queued.close()
+        until(lambda: metric(started, 'infinity_failures_total{route="/predict",error_type="client_closed"}') == 1)
+        with running_one:
+            head, body = Reader(running_one).response()
+        assert b" 200 " in head.split(b"\r\n")[0] and len(orjson.loads(body)) == 32
+        until(lambda: metric(started, "infinity_queue_depth") == 0)
+        assert metric(started, "infinity_batch_size_sum") == rows_before + 32  # the queued one never ran
+    text = started.log.read_text()
+    assert text.count("the client disconnected") == 1 and "Traceback" not in text and "ERROR" not in text
+
+
+def test_a_lane_request_in_flight_at_sigterm_is_answered_then_its_connection_closed(minilm_fp32_artifact: Path,
+                                                                                     tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log") as started:
+        running_one, queued = _busy_then_queued(started)
+        started.process.send_signal(signal.SIGTERM)
+        with running_one, queued:
+            answers = [Reader(sock) for sock in (running_one, queued)]
+            heads = [reader.response()[0] for reader in answers]
+            assert all(b" 200 " in head.split(b"\r\n")[0] for head in heads), heads
+            assert all(value(head, b"connection") == b"close" and reader.closed()
+                       for head, reader in zip(heads, answers))
+        assert started.process.wait(WAIT) == 0
+    assert "Traceback" not in started.log.read_text()
+
+
+def test_lane_requests_still_queued_at_the_drain_deadline_get_the_json_503(minilm_fp32_artifact: Path,
+                                                                          tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--drain-timeout", "0.5") as started:
+        running_one, queued = _busy_then_queued(started)
+        more = [connect(started) for _ in range(3)]
+        for sock in more:
+            sock.sendall(post(orjson.dumps({"inputs": [LONG] * 32})))
+        until(lambda: metric(started, "infinity_queue_depth") == 4)
+        started.process.send_signal(signal.SIGTERM)
+        statuses, bodies = [], []
+        for sock in [running_one, queued, *more]:
+            with sock:
+                head, body = Reader(sock).response()
+                statuses.append(int(head.split(b" ")[1]))
+                bodies.append(body)
+        assert started.process.wait(WAIT) == 0
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    assert all(orjson.loads(body)["error_type"] == "unhealthy" for status, body in zip(statuses, bodies)
+               if status == 503)
+    assert "Traceback" not in started.log.read_text()
+
+
+def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact: Path) -> None:
+    """In-process, with the protocol class `infinity serve` uses: a plain request leaves no ASGI cycle behind,
+    a chunked one does (so the plain one was answered by the lane)."""
+    settings = Settings(threads=1)
+    app = create_app(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
+    made: list[LaneProtocol] = []
+
+    async def main() -> tuple[bytes, bytes]:
+        async with app.router.lifespan_context(app) as state:
+            config = uvicorn.Config(app, lifespan="off")
+            config.load()
+            http = lane_protocol(protocol_class(limits(settings), app.state.shedding), app.state.lane)
+
+            def connection() -> LaneProtocol:
+                made.append(http(config=config, server_state=ServerState(), app_state=dict(state)))
+                return made[-1]
+
+            listener = await asyncio.get_running_loop().create_server(connection, "127.0.0.1", 0)
+            reader, writer = await asyncio.open_connection(*listener.sockets[0].getsockname()[:2])
+            answers = []
+            for request in (post(b'{"inputs": "lane"}'), chunked(b'{"inputs": "parser"}')):
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(value(head[:-4], b"content-length")))
+                answers.append(head)
+                if not answers[1:]:
+                    assert made[0].cycle is None
+            writer.close()
+            listener.close()
+            return answers[0], answers[1]
+
+    lane_head, parser_head = asyncio.run(asyncio.wait_for(main(), WAIT))
+    assert b" 200 " in lane_head.split(b"\r\n")[0] and b" 200 " in parser_head.split(b"\r\n")[0]
+    assert made[0].cycle is not None  # the chunked request went through the parser and a cycle
