@@ -290,3 +290,12 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
     lane_head, parser_head = asyncio.run(asyncio.wait_for(main(), WAIT))
     assert b" 200 " in lane_head.split(b"\r\n")[0] and b" 200 " in parser_head.split(b"\r\n")[0]
     assert made[0].cycle is not None  # the chunked request went through the parser and a cycle
+
+
+def test_with_the_access_log_on_plain_requests_are_logged(minilm_fp32_artifact: Path, tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--access-log") as started:
+        with connect(started) as sock:
+            sock.sendall(post(b'{"inputs": "logged"}'))
+            head, _ = Reader(sock).response()
+    assert b" 200 " in head.split(b"\r\n")[0]
+    assert '"POST /predict HTTP/1.1" 200' in started.log.read_text()
