@@ -75,7 +75,8 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             super().data_received(data)
 
     def _whole_head(self, data: bytes, end: int) -> None:
-        path = self.lane.routes.get(route_of(data)) if self.lane.serve is not None and not self.shedding.full() else None
+        serving = self.lane.serve is not None and not self.shedding.full()  # a full server refuses on the socket
+        path = self.lane.routes.get(route_of(data)) if serving else None
         wanted = declared_body(data, end) if path is not None else None
         if wanted is None or wanted > self.lane.max_body:
             super()._whole_head(data, end)

@@ -72,8 +72,8 @@ def declared_body(data: bytes, end: int) -> int | None:
     """The body length a plain HTTP/1.1 keep-alive request head declares in its one content-length; None for
     any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0), which the parser takes."""
     head = data[:end].lower()
-    line = head.find(b"\n")
-    if not head[:line].rstrip(b"\r").endswith(b" http/1.1"):
+    request_line = head[:head.find(b"\n")].rstrip(b"\r")
+    if not request_line.endswith(b" http/1.1") or request_line.count(b" ") != 2:
         return None
     at = head.find(b"\ncontent-length:")
     if at < 0 or head.find(b"\ncontent-length:", at + 1) >= 0 or b"transfer-encoding" in head or b"\nexpect:" in head:

@@ -100,6 +100,7 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
     (b"POST /predict HTTP/1.1\r\nhost: x\r\nconnection: Keep-Alive\r\ncontent-length: 0\r\n\r\n", 0),
     (b"POST /predict HTTP/1.1\nHost: x\nContent-Length: 7\n\n", 7),
     (b"POST /predict HTTP/1.0\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict extra HTTP/1.1\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nConnection: close\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 12\r\n\r\n", None),
