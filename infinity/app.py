@@ -16,14 +16,15 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity import api, openapi
-from infinity.api.endpoint import Endpoint, View, closed, handle, respond
+from infinity.api.endpoint import Endpoint, View, closed, failure, handle, respond
 from infinity.api.hf import HF
 from infinity.api.ops import version
 from infinity.auth import ApiKeys
-from infinity.lane import Lane, Serve
+from infinity.errors import InfinityError
+from infinity.lane import Admit, Lane, Serve
 from infinity.protection import Shedding, canned
 from infinity.model import LoadedModel
-from infinity.service import Service
+from infinity.service import Place, Service
 from infinity.settings import Settings
 
 log = logging.getLogger("infinity.app")
@@ -66,21 +67,28 @@ class LastResort:
                 await HF.failure(500, "internal server error", "internal")(scope, receive, send)
 
 
-def lane_core(endpoints: dict[str, Endpoint], service: Service) -> Serve:
-    """The lane's way into the routes' core, with the usual path's last resort around it."""
+def lane_core(endpoints: dict[str, Endpoint], service: Service) -> tuple[Admit, Serve]:
+    """The lane's way into the routes' core: admission when a body is complete, then the core, with the usual
+    path's last resort around it."""
 
-    async def serve(path: str, body: bytes, gone: Callable[[], bool]) -> Response:
+    def admit(path: str) -> Place | Response:
+        try:
+            return service.admit()
+        except InfinityError as exc:
+            return failure(endpoints[path], service, exc)
+
+    async def serve(path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Response:
         async def read() -> bytes:
             return body
 
         try:
-            return await respond(endpoints[path], service, read, gone=gone)
+            return await respond(endpoints[path], service, read, gone=gone, place=place)
         except Exception:
             log.exception("unhandled error on POST %s", path)
             service.metrics.failures.inc(path, "internal")
             return HF.failure(500, "internal server error", "internal")
 
-    return serve
+    return admit, serve
 
 
 def refusal(endpoint: Endpoint, retry_after: int) -> bytes:
@@ -109,7 +117,7 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
         shedding.refused = lambda path: service.metrics.refused(path.decode("latin-1"))
         shedding.rejected = service.metrics.rejected.inc
         if lane is not None:
-            lane.serve = lane_core(inference, service)
+            lane.admit, lane.serve = lane_core(inference, service)
             lane.closed = lambda path: closed(inference[path], service)
         log.info("ready: %s on %s (%s)", model.manifest.source.task, model.manifest.target.name,
                  model.manifest.model.precision)
@@ -118,7 +126,7 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
         finally:
             shedding.full = Shedding.full
             if lane is not None:
-                lane.serve = None
+                lane.admit = lane.serve = None
             await service.close()
 
     served = api.endpoints(model, settings)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
@@ -23,7 +23,16 @@ from infinity.protection import TIMEOUT, GuardedHttpToolsProtocol, declared_body
 
 log = logging.getLogger("infinity.lane")
 
-Serve = Callable[[str, bytes, Callable[[], bool]], Awaitable[Response]]  # (path, body, client gone?) -> answer
+
+
+class Place(Protocol):
+    """A request's place in flight, taken when its body is complete (so the next request on the socket sees it)."""
+
+    def release(self) -> None: ...
+
+
+Admit = Callable[[str], "Place | Response"]  # path -> a place, or the route's refusal (429, 503)
+Serve = Callable[[str, bytes, Any, Callable[[], bool]], Awaitable[Response]]  # (path, body, place, gone?) -> answer
 
 
 @dataclass
@@ -32,6 +41,7 @@ class Lane:
     routes: dict[bytes, str]  # request line up to the target, "POST /path " -> path
     max_body: int  # a larger declared body takes the usual path, which answers 413
     serve: Serve | None = None
+    admit: Admit | None = None
     closed: Callable[[str], object] = lambda path: None  # counts a client that left before its answer was ready
 
 
@@ -57,6 +67,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
         self.body = bytearray()
         self.wanted = 0
         self.task: asyncio.Task[None] | None = None  # ... being answered
+        self.place: Place | None = None  # ... and its place in flight
         self.backlog = bytearray()  # what arrived meanwhile, read once the answer is written
         self.gone = False  # the client left while its request was answered
         self.closing = False  # the server drains: close after this answer
@@ -110,15 +121,24 @@ class LaneProtocol(GuardedHttpToolsProtocol):
 
     def _answer(self, body: bytes, rest: bytes) -> None:
         self.backlog += rest
-        self.gone = False
-        self.task = self.loop.create_task(self._respond(self.path or "", body))
+        path, admit = self.path or "", self.lane.admit
+        if admit is None:  # the app stopped while this body arrived
+            self.transport.close()
+            return
+        place = admit(path)
+        if isinstance(place, Response):  # refused at once, in the route's own shape
+            self.transport.write(wire(place, self.server_state.default_headers, self.closing))
+            self._next()
+            return
+        self.place, self.gone = place, False
+        self.task = self.loop.create_task(self._respond(path, body, place))
         self.tasks.add(self.task)
         self.task.add_done_callback(self._answered)
 
-    async def _respond(self, path: str, body: bytes) -> None:
+    async def _respond(self, path: str, body: bytes, place: Place) -> None:
         serve = self.lane.serve
         try:
-            response = await serve(path, body, lambda: self.gone) if serve is not None else None
+            response = await serve(path, body, place, lambda: self.gone) if serve is not None else None
         except asyncio.CancelledError:  # before the route's core could answer
             response = None
         if response is None:  # nothing can be written: the app has stopped, or the task never began
@@ -132,11 +152,19 @@ class LaneProtocol(GuardedHttpToolsProtocol):
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.task, self.path, self.request_head = None, None, b""
-        self.server_state.total_requests += 1
+        if self.place is not None:
+            self.place.release()  # the core released it already, unless the task was cancelled before it began
+            self.place = None
+        self.task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("the lane failed on a request: %r", task.exception())
             self.transport.close()
+        self._next()
+
+    def _next(self) -> None:
+        """The request is answered: close if asked to, else read what came meanwhile, or wait idle."""
+        self.path, self.request_head = None, b""
+        self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
         if self.closing:

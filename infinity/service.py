@@ -55,6 +55,18 @@ class Result:
         return sum(len(item) for item in self.encoded)
 
 
+class Place:
+    """One admitted request's place in flight; releasing it twice frees it once."""
+
+    def __init__(self, service: Service) -> None:
+        self.service: Service | None = service
+
+    def release(self) -> None:
+        if self.service is not None:
+            self.service.in_flight -= 1
+            self.service = None
+
+
 class Service:
     def __init__(self, model: LoadedModel, settings: Settings) -> None:
         self.model = model
@@ -109,18 +121,23 @@ class Service:
         """A new request would be refused now: a full queue plus one full batch are already admitted."""
         return self.in_flight >= self.max_in_flight or self.batcher.depth >= self.settings.max_queue
 
-    @contextlib.contextmanager
-    def admission(self) -> Iterator[None]:
-        """Hold a place from before the body is read until the answer is ready; none free is a 429 at once."""
+    def admit(self) -> Place:
+        """A place in flight for one request, held until its answer is ready; none free is a 429 at once."""
         if not self.warm:
             raise NotReady("the model is not ready yet")
         if self.full:
             raise Overloaded(f"{self.in_flight} requests are already in flight; retry later")
         self.in_flight += 1
+        return Place(self)
+
+    @contextlib.contextmanager
+    def admission(self, place: Place | None = None) -> Iterator[None]:
+        """Hold a place (taken here unless given) from before the body is read until the answer is ready."""
+        place = place or self.admit()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            place.release()
 
     async def run(self, request: Request) -> Result:
         """Tokenize, queue and run one request as a unit (never split across batches)."""

@@ -235,7 +235,8 @@ def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_f
     the socket, each as a keep-alive 429 with Retry-After, and every refused connection is served normally
     once the load is gone. A round whose first two requests finish before the rest arrive is run again."""
     body = orjson.dumps({"input": "a longer text that keeps the engine busy for a while " * 30})
-    small = ("--max-queue", "1", "--max-batch-size", "1", "--max-inputs-per-request", "1")
+    small = ("--max-queue", "1", "--max-batch-size", "1", "--max-inputs-per-request", "1",
+             "--keep-alive-timeout", "60")  # sockets of the first round wait through the later ones
     with running(minilm_fp32_artifact, tmp_path / "server.log", *small) as started:
         sockets: list[socket.socket] = []
         answers: list[bytes] = []
@@ -272,9 +273,13 @@ def read_response(sock: socket.socket) -> bytes:
     """One response with a content-length body, leaving the connection open."""
     received = b""
     while b"\r\n\r\n" not in received:
-        received += sock.recv(65536)
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole response: {received[:200]!r}"
+        received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
     while len(body) < length:
-        body += sock.recv(65536)
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside a response body"
+        body += chunk
     return head + b"\r\n\r\n" + body

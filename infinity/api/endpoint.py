@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from infinity.errors import InfinityError, NotReady, PayloadTooLarge, ValidationError
 from infinity.schema import Schema
-from infinity.service import INLINE_CHARS, Result, Service
+from infinity.service import INLINE_CHARS, Place, Result, Service
 from infinity.tasks import Request
 
 log = logging.getLogger("infinity.api")
@@ -135,13 +135,13 @@ def _never() -> bool:
 
 async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Awaitable[bytes]],
                   watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
-                  gone: Callable[[], bool] = _never) -> Response:
+                  gone: Callable[[], bool] = _never, place: Place | None = None) -> Response:
     """One inference request, from admission to its response: `read` gives the body; `watch` awaits the
     result unless the client leaves first (None: await it); `gone` says whether a cancellation came from
-    the client leaving rather than from the drain deadline."""
+    the client leaving rather than from the drain deadline; `place`, if given, was admitted already."""
     started = time.perf_counter()
     try:
-        with service.admission():
+        with service.admission(place):
             body = await read()
             core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
             result = None
