@@ -24,7 +24,6 @@ from infinity.protection import TIMEOUT, GuardedHttpToolsProtocol, declared_body
 log = logging.getLogger("infinity.lane")
 
 
-
 class Place(Protocol):
     """A request's place in flight, taken when its body is complete (so the next request on the socket sees it)."""
 
