@@ -131,11 +131,11 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
 
     served = api.endpoints(model, settings)
     inference = {e.path: e for e in served if e.inference}
-    shedding = Shedding(answers={f"POST {path} ".encode(): refusal(e, settings.retry_after)
-                                 for path, e in inference.items()})
+    request_lines = {f"POST {path} ".encode(): path for path in inference}  # what a request starts with
+    shedding = Shedding(answers={line: refusal(inference[path], settings.retry_after)
+                                 for line, path in request_lines.items()})
     # API keys are checked by a middleware the lane would skip: with keys, every request takes the usual path
-    lane = None if settings.api_keys else Lane({f"POST {path} ".encode(): path for path in inference},
-                                               settings.max_payload_bytes)
+    lane = None if settings.api_keys else Lane(request_lines, settings.max_payload_bytes)
     everything = served + api.elsewhere(served, model.task.name)
     routes = [Route(e.path, _view(e), methods=[e.method]) for e in everything]
     guarded = {e.path: e.family for e in everything if e.protected}
