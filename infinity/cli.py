@@ -33,7 +33,7 @@ HELP = {
     "max_payload_bytes": "request body limit in bytes",
     "tokenizer_workers": "threads that tokenize and post-process",
     "drain_timeout": "seconds to finish in-flight requests after SIGTERM",
-    "retry_after": "seconds sent in Retry-After with 429",
+    "retry_after": "seconds sent in Retry-After with 429; the refused connection is not read again before then",
     "max_header_bytes": "request line and headers in bytes; more is answered 431 without being parsed",
     "max_connections": "open client connections; more are answered 503 and closed (lowered to fit the open-file limit)",
     "header_timeout": "seconds for a request's headers to arrive; later: 408 and close",

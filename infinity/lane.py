@@ -127,7 +127,11 @@ class LaneProtocol(GuardedHttpToolsProtocol):
         place = admit(path)
         if isinstance(place, Response):  # refused at once, in the route's own shape
             self.transport.write(wire(place, self.server_state.default_headers, self.closing))
-            self._next()
+            if place.status_code == 429 and not self.closing:
+                self.path, self.request_head = None, b""  # answered: nothing of it is left to drain or count
+                self._hold(self._next)
+            else:
+                self._next()
             return
         self.place, self.gone = place, False
         self.task = self.loop.create_task(self._respond(path, body, place))

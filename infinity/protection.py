@@ -29,6 +29,7 @@ class Limits:
     max_connections: int
     header_timeout: float
     body_timeout: float
+    refusal_hold: float = 0.0  # seconds a connection is not read after a 429 (its Retry-After)
 
 
 def canned(status: int, reason: str, message: str, error_type: str, extra: str = "",
@@ -115,6 +116,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.fed = 0  # head bytes the parser got while it held part of a head (a pipelined request)
         self.deadline: asyncio.TimerHandle | None = None
         self.refused = False
+        self.held: asyncio.TimerHandle | None = None  # not read until a 429's Retry-After has passed
 
     # connections
 
@@ -130,6 +132,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.held is not None:
+            self.held.cancel()
         self.idle_ones.pop(self, None)
         if self.flow is None:  # refused before it was counted
             return
@@ -200,15 +204,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if refusal is None:
             self._feed(data)
             return
-        # answered as a keep-alive response: the connection is idle again, on the usual timer
+        # answered as a keep-alive response: the connection is idle again once its hold is over
         self._disarm()  # the head arrived: its deadline must not close the connection later
         self._unset_keepalive_if_required()
         self.transport.write(refusal)
-        self._idle()
+        self._hold(self._idle)
 
     def _idle(self) -> None:
         self.idle_ones[self] = None
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def _hold(self, then: Callable[[], None]) -> None:
+        """After a 429, read nothing more from the connection until its Retry-After has passed, then do `then`.
+        A client that re-sends at once waits in its own socket buffer instead of costing another refusal;
+        one that honours Retry-After never notices. A held connection counts as idle: it may be evicted."""
+        if self.limits.refusal_hold <= 0:
+            then()
+            return
+        self.flow.pause_reading()
+        self.idle_ones[self] = None
+        self.held = self.loop.call_later(self.limits.refusal_hold, self._release, then)
+
+    def _release(self, then: Callable[[], None]) -> None:
+        self.held = None
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        then()
 
     def _feed(self, data: bytes) -> None:
         super().data_received(data)

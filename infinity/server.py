@@ -65,7 +65,8 @@ def connection_budget(wanted: int) -> int:
 def limits(settings: Settings) -> Limits:
     return Limits(max_header_bytes=settings.max_header_bytes,
                   max_connections=connection_budget(settings.max_connections),
-                  header_timeout=settings.header_timeout, body_timeout=settings.body_timeout)
+                  header_timeout=settings.header_timeout, body_timeout=settings.body_timeout,
+                  refusal_hold=float(settings.retry_after))
 
 
 def run(app: ASGIApp, settings: Settings, sock: socket.socket, shedding: Shedding | None = None,

@@ -220,6 +220,40 @@ def test_a_client_that_leaves_while_queued_is_counted_and_costs_no_compute(minil
     assert text.count("the client disconnected") == 1 and "Traceback" not in text and "ERROR" not in text
 
 
+def test_a_refused_connection_is_not_read_again_before_its_retry_after(minilm_fp32_artifact: Path,
+                                                                         tmp_path: Path) -> None:
+    """Both refusals, on the socket (a whole request while full) and by the lane (a body completed while full),
+    hold the connection: a retry sent at once is read only once Retry-After has passed, and then served."""
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--max-queue", "1", "--retry-after", "2") as started:
+        late_body, whole = connect(started), connect(started)
+        body = b'{"inputs": "refused"}'
+        late_body.sendall(post(body)[:-len(body)])  # the lane gathers its body while the server still has room
+        running_one, queued = _busy_then_queued(started)
+        assert metric(started, "infinity_queue_depth") == 1  # full: one queued is the limit
+        late_body.sendall(body)
+        whole.sendall(post(body))
+        retries = []
+        for sock in (late_body, whole):
+            reader = Reader(sock)
+            head, answer = reader.response()
+            refused_at = time.monotonic()
+            assert b" 429 " in head.split(b"\r\n")[0] and value(head, b"retry-after") == b"2", head
+            assert orjson.loads(answer)["error_type"] == "overloaded"
+            sock.sendall(post(b'{"inputs": "at once"}'))
+            retries.append((sock, reader, refused_at))
+        for sock, reader, refused_at in retries:
+            head, _ = reader.response()
+            assert time.monotonic() - refused_at > 1.5  # 2 s after the 429 was written, less the time to read it
+            assert int(head.split(b" ")[1]) in (200, 429), head  # 429 again if the long batch still runs
+        with running_one, queued:
+            assert all(b" 200 " in Reader(sock).response()[0] for sock in (running_one, queued))
+        for sock, reader, _ in retries:  # the load is gone: served, at the latest once a second hold is over
+            with sock:
+                sock.sendall(post(b'{"inputs": "later"}'))
+                assert b" 200 " in reader.response()[0].split(b"\r\n")[0]
+    assert "Traceback" not in started.log.read_text()
+
+
 def test_a_lane_request_in_flight_at_sigterm_is_answered_then_its_connection_closed(minilm_fp32_artifact: Path,
                                                                                      tmp_path: Path) -> None:
     with running(minilm_fp32_artifact, tmp_path / "server.log") as started:
