@@ -76,7 +76,8 @@ def test_the_retry_storm_runs_from_its_own_process_and_sees_429s(server):  # noq
 
     process, port, _ = server
     before = loop_cpu_s(process.pid)
-    summary, latencies, ok, refused = storm_process(port, 1.5, nice=5)
-    assert ok == len(latencies) > 0 and refused > 0  # 300 clients overflow the 160 places of the default window
+    summary, latencies, ok, refused, served = storm_process(port, 1.5, nice=5)
+    assert ok == len(latencies) == len(served) > 0 and refused > 0  # 300 clients overflow the 160 places by default
+    assert all(0 < inside < at_client for inside, at_client in zip(served, latencies))
     assert f"{refused} x 429" in summary
     assert loop_cpu_s(process.pid) > before
