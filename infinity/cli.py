@@ -24,8 +24,9 @@ HELP = {
     "host": "address to bind",
     "port": "port to bind",
     "threads": "ONNX Runtime intra-op threads (default: physical cores)",
-    "spin_wait": "let ONNX Runtime's workers busy-wait briefly between runs (lower latency on dedicated cores; "
-                 "turn off where the cores are shared, e.g. a sidecar)",
+    "spin_wait": "let ONNX Runtime's workers busy-wait briefly for more work before they sleep (lower latency on "
+                 "dedicated cores; turn off where the cores are shared, e.g. a sidecar)",
+    "spin_wait_us": "microseconds a worker busy-waits before it sleeps, with --spin-wait",
     "max_batch_tokens": "padded tokens (rows x longest input) per batch",
     "max_batch_size": "rows per batch",
     "max_queue": "requests waiting for the engine before new ones get 429",

@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from infinity.manifest import Manifest, artifact_file
+from infinity.settings import SPIN_WAIT_US
 from infinity.tokenization import Batch
 
 QUIET = ort.RunOptions()
@@ -23,7 +24,8 @@ class EngineError(RuntimeError):
 
 class Engine:
     def __init__(self, directory: Path | str, manifest: Manifest, threads: int | None = None,
-                 providers: list[str] | None = None, spin_wait: bool = True) -> None:
+                 providers: list[str] | None = None, spin_wait: bool = True,
+                 spin_wait_us: int = SPIN_WAIT_US) -> None:
         if hasattr(ort, "disable_telemetry_events"):
             ort.disable_telemetry_events()  # no usage events leave the server
         options = ort.SessionOptions()
@@ -35,6 +37,8 @@ class Engine:
         if not spin_wait:
             # Idle workers sleep at once instead of spinning: for cores shared with other processes.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        else:
+            options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
         providers = providers or manifest.target.providers
         provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
         self.session = ort.InferenceSession(str(artifact_file(directory, manifest.model.file)), options,

@@ -11,6 +11,7 @@ import numpy as np
 from infinity.engine import Engine
 from infinity.manifest import Manifest, verify_checksums
 from infinity.schema import Object
+from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
 from infinity.tokenization import Encoded, TextTokenizer, pad_batch
 
@@ -25,14 +26,15 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
-             verify: bool = True, spin_wait: bool = True) -> "LoadedModel":
+             verify: bool = True, spin_wait: bool = True, spin_wait_us: int = SPIN_WAIT_US) -> "LoadedModel":
         directory = Path(directory)
         manifest = Manifest.load(directory)
         if verify:
             verify_checksums(directory, manifest)
         tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
                                   manifest.tokenizer.pad_id)
-        engine = Engine(directory, manifest, threads=threads, providers=providers, spin_wait=spin_wait)
+        engine = Engine(directory, manifest, threads=threads, providers=providers, spin_wait=spin_wait,
+                        spin_wait_us=spin_wait_us)
         return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))
 
     def encode(self, request: Request) -> list[Encoded]:

@@ -56,7 +56,8 @@ def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
 def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     """Load an artifact that passed check(), and make sure it runs what the manifest promises."""
     try:
-        model = LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait)
+        model = LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait,
+                                 spin_wait_us=settings.spin_wait_us)
     except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
         first_line = (str(exc) or repr(exc)).splitlines()[0]
         raise StartupError(f"could not load the artifact: {first_line}") from None

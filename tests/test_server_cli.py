@@ -45,10 +45,33 @@ def test_a_setting_that_defaults_on_can_be_turned_off_by_flag_or_environment() -
     (["--max-batch-size", "0"], {}, "max_batch_size must be at least 1"),
     (["--max-inputs-per-request", "64", "--max-batch-size", "8"], {}, "must not exceed max_batch_size"),
     (["--log-level", "loud"], {}, "log_level must be one of"),
+    (["--spin-wait-us", "0"], {}, "spin_wait_us must be at least 1"),
+    ([], {"INFINITY_SPIN_WAIT_US": "2000000"}, "spin_wait_us must be at most 1000000"),
 ])
 def test_bad_settings_are_refused(argv: list[str], environ: dict[str, str], message: str) -> None:
     with pytest.raises(StartupError, match=message):
         settings(argv, environ)
+
+
+@pytest.mark.parametrize(("argv", "entries"), [
+    ([], {"session.intra_op.spin_duration_us": "50", "session.intra_op.allow_spinning": ""}),
+    (["--spin-wait-us", "400"], {"session.intra_op.spin_duration_us": "400"}),
+    (["--no-spin-wait", "--spin-wait-us", "400"], {"session.intra_op.allow_spinning": "0",
+                                                   "session.intra_op.spin_duration_us": ""}),
+])
+def test_spinning_settings_reach_the_onnx_runtime_session(artifact_for: Any, argv: list[str],
+                                                          entries: dict[str, str]) -> None:
+    """Workers spin 50 us by default: long enough to bridge one run's operators, short enough to leave the
+    cores to the event loop between batches; --no-spin-wait turns spinning off altogether."""
+    options = load(artifact_for("ranking"), settings(argv), threads=1).engine.session.get_session_options()
+
+    def entry(key: str) -> str:
+        try:
+            return options.get_session_config_entry(key)
+        except RuntimeError:  # not set
+            return ""
+
+    assert {key: entry(key) for key in entries} == entries
 
 
 @pytest.fixture()
