@@ -297,6 +297,14 @@ async def soak(port: int, pid: int, requests: int, concurrency: int = 4) -> tupl
 # ---- the run
 
 
+async def well_behaved(port: int, seconds: float, clients: int) -> Normal:
+    """`clients` clients sending short requests back to back, no attack: what queueing alone costs the p99."""
+    normal = Normal()
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(normal_traffic(port, until, normal) for _ in range(clients)))
+    return normal
+
+
 async def during(port: int, seconds: float, attack: Callable[[], Awaitable[str]]) -> tuple[str, Normal]:
     normal = Normal()
     results = await asyncio.gather(attack(), normal_traffic(port, time.monotonic() + seconds, normal))
@@ -359,7 +367,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "disconnect-storm", "retry-storm", "soak")
+SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "disconnect-storm", "concurrency",
+             "retry-storm", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
                         if line.startswith("infinity_failures_total") and not line.endswith(" 0")]
             record("disconnect storm", "up to 400 clients hang up mid-body or before the answer",
                    f"{did}; failures counted: {', '.join(failures) or 'none'}", normal)
+        if "concurrency" in chosen:
+            for clients in (2, 4, 6, 8):
+                normal = asyncio.run(well_behaved(port, seconds / 2, clients))
+                p99 = percentile(normal.latencies_ms, 99) if normal.latencies_ms else float("inf")
+                record(f"concurrency {clients}", f"{clients} well-behaved clients back to back, no attack",
+                       f"{len(normal.latencies_ms) / (seconds / 2):.0f} req/s; p99 / unloaded p99 = "
+                       f"{p99 / unloaded_p99:.1f}", normal)
         if "retry-storm" in chosen:
             cpu = loop_cpu_s(process.pid)
             served = asyncio.run(capacity(port, seconds / 2))

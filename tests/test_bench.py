@@ -71,6 +71,14 @@ def test_short_request_figures_come_from_one_alternating_run(server, minilm_fp32
     assert result["median"]["http_c16_p99_ms"] >= result["median"]["http_c16_p50_ms"] > 0
 
 
+def test_well_behaved_clients_are_each_answered_in_turn(server):  # noqa: F811
+    from bench.abuse import well_behaved
+
+    _, port, _ = server
+    normal = asyncio.run(well_behaved(port, 1.0, 3))
+    assert not normal.errors and len(normal.latencies_ms) >= 3 and min(normal.latencies_ms) > 0
+
+
 def test_the_retry_storm_runs_from_its_own_process_and_sees_429s(server):  # noqa: F811
     from bench.abuse import loop_cpu_s, storm_process
 
