@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,13 +70,20 @@ def route_of(data: bytes) -> bytes:
     return data[:space + 1] if space > 0 else b""
 
 
+# A POST head the parser would take as it is: CRLF line ends, header names that are tokens right before their
+# colon, values without control bytes (HTAB aside). Anything else (bare LF, folded lines, a NUL) goes to the
+# parser, which answers 400, so a malformed head is never served here where the usual path refuses it.
+PLAIN_HEAD = re.compile(rb"POST /[!-~]* HTTP/1\.1\r\n"
+                        rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t \x21-\x7e\x80-\xff]*\r\n)*\r\n")
+
+
 def declared_body(data: bytes, end: int) -> int | None:
-    """The body length a plain HTTP/1.1 keep-alive request head declares in its one content-length; None for
-    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0), which the parser takes."""
-    head = data[:end].lower()
-    request_line = head[:head.find(b"\n")].rstrip(b"\r")
-    if not request_line.endswith(b" http/1.1") or request_line.count(b" ") != 2:
+    """The body length a plain HTTP/1.1 keep-alive POST head declares in its one content-length; None for
+    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0, malformed), which the parser
+    takes."""
+    if PLAIN_HEAD.fullmatch(data, 0, end) is None:
         return None
+    head = data[:end].lower()
     at = head.find(b"\ncontent-length:")
     if at < 0 or head.find(b"\ncontent-length:", at + 1) >= 0 or b"transfer-encoding" in head or b"\nexpect:" in head:
         return None

@@ -98,7 +98,7 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.mark.parametrize("head, length", [
     (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n", 12),
     (b"POST /predict HTTP/1.1\r\nhost: x\r\nconnection: Keep-Alive\r\ncontent-length: 0\r\n\r\n", 0),
-    (b"POST /predict HTTP/1.1\nHost: x\nContent-Length: 7\n\n", 7),
+    (b"POST /predict HTTP/1.1\r\nHost:x\xe9\tz\r\nContent-Length:7\r\n\r\n", 7),  # what the parser takes, too
     (b"POST /predict HTTP/1.0\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict extra HTTP/1.1\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nConnection: close\r\nContent-Length: 12\r\n\r\n", None),
@@ -108,9 +108,26 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
     (b"POST /predict HTTP/1.1\r\nContent-Length: -1\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nHost: x\r\n\r\n", None),
+    # malformed heads, which the parser refuses with 400
+    (b"POST /predict HTTP/1.1\nHost: x\nContent-Length: 7\n\n", None),
+    (b"POST /predict http/1.1\r\nContent-Length: 7\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost x\r\nContent-Length: 7\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost : x\r\nContent-Length: 7\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\n folded\r\nContent-Length: 7\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: a\x00b\r\nContent-Length: 7\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: a\rb\r\nContent-Length: 7\r\n\r\n", None),
 ])
 def test_only_a_plain_sized_keep_alive_head_declares_a_body_for_the_lane(head: bytes, length: int | None) -> None:
     assert declared_body(head, len(head)) == length
+
+
+@pytest.mark.parametrize("line", [b"Host x", b"Host : x", b"Host: x\r\n folded", b"Host: a\x00b"])
+def test_a_malformed_head_gets_the_parsers_400_not_an_answer(server: Server, line: bytes) -> None:
+    body = b'{"inputs": "malformed"}'
+    with connect(server) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\n" + line + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        head, _ = Reader(sock).response()
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request"
 
 
 def test_a_plain_request_gets_the_bytes_the_usual_path_writes(server: Server) -> None:
