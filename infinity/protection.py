@@ -30,7 +30,7 @@ class Limits:
     max_connections: int
     header_timeout: float
     body_timeout: float
-    refusal_hold: float = 0.0  # seconds a connection is not read after a 429 (its Retry-After)
+    refusal_hold: float  # seconds a connection is not read after a 429 (its Retry-After)
 
 
 def canned(status: int, reason: str, message: str, error_type: str, extra: str = "",
@@ -226,9 +226,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """After a 429, read nothing more from the connection until its Retry-After has passed, then do `then`.
         A client that re-sends at once waits in its own socket buffer instead of costing another refusal;
         one that honours Retry-After never notices. A held connection counts as idle: it may be evicted."""
-        if self.limits.refusal_hold <= 0:
-            then()
-            return
         self.flow.pause_reading()
         self.idle_ones[self] = None
         self.held = self.loop.call_later(self.limits.refusal_hold, self._release, then)
