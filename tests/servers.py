@@ -61,3 +61,29 @@ def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = 
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+class Reader:
+    """Responses with content-length bodies, one after another from one connection."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def _fill(self, enough: Callable[[], bool]) -> None:
+        while not enough():
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed before a whole response: {self.buffer[:300]!r}"
+            self.buffer += chunk
+
+    def response(self) -> tuple[bytes, bytes]:
+        self._fill(lambda: b"\r\n\r\n" in self.buffer)
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        self.buffer = rest
+        self._fill(lambda: len(self.buffer) >= length)
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return head, body
+
+    def closed(self) -> bool:
+        return not self.buffer and self.sock.recv(1) == b""

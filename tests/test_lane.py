@@ -23,7 +23,7 @@ from infinity.model import LoadedModel
 from infinity.protection import declared_body, protocol_class
 from infinity.server import limits
 from infinity.settings import Settings
-from tests.servers import WAIT, Server, running
+from tests.servers import WAIT, Reader, Server, running
 
 LONG = " ".join(["a long sentence that fills the model's whole context window"] * 40)
 
@@ -35,32 +35,6 @@ def post(body: bytes, path: str = "/predict", extra: str = "") -> bytes:
 def chunked(body: bytes, path: str = "/predict") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n".encode()
             + body + b"\r\n0\r\n\r\n")
-
-
-class Reader:
-    """Responses with content-length bodies, one after another from one connection."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buffer = sock, b""
-
-    def _fill(self, enough: Callable[[], bool]) -> None:
-        while not enough():
-            chunk = self.sock.recv(65536)
-            assert chunk, f"closed before a whole response: {self.buffer[:300]!r}"
-            self.buffer += chunk
-
-    def response(self) -> tuple[bytes, bytes]:
-        self._fill(lambda: b"\r\n\r\n" in self.buffer)
-        head, _, rest = self.buffer.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:")))
-        self.buffer = rest
-        self._fill(lambda: len(self.buffer) >= length)
-        body, self.buffer = self.buffer[:length], self.buffer[length:]
-        return head, body
-
-    def closed(self) -> bool:
-        return not self.buffer and self.sock.recv(1) == b""
 
 
 def names(head: bytes) -> list[bytes]:

@@ -17,7 +17,7 @@ import pytest
 from infinity.cli import build_parser, settings_from
 from infinity.preflight import StartupError
 from infinity.protection import Shedding
-from tests.servers import ROOT, WAIT, Server, running
+from tests.servers import ROOT, WAIT, Reader, Server, running
 
 HEAD_LIMIT = 4096
 CONNECTIONS = 8
@@ -271,15 +271,5 @@ def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_f
 
 def read_response(sock: socket.socket) -> bytes:
     """One response with a content-length body, leaving the connection open."""
-    received = b""
-    while b"\r\n\r\n" not in received:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a whole response: {received[:200]!r}"
-        received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "closed inside a response body"
-        body += chunk
+    head, body = Reader(sock).response()
     return head + b"\r\n\r\n" + body
