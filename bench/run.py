@@ -28,7 +28,7 @@ from bench.loadgen import LoadResult, closed_loop
 from bench.model import build_distilbert_base
 from bench.overhead import compare
 from bench.process import Server, free_port
-from bench.short import HEADER, short_requests, table
+from bench.short import HEADER, servers, short_requests, table
 from bench.texts import text_with_tokens
 from infinity.hostinfo import cpu_flags
 from infinity.model import LoadedModel
@@ -149,18 +149,14 @@ def short(artifacts: dict[str, Path], cores: int, rounds: int, seconds: float) -
     """Short requests at scale (issue-style goals): concurrency 16 vs the engine's batch 8, concurrency 1 overhead."""
     results = {}
     for name, artifact in artifacts.items():
-        server = Server([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port := free_port()),
-                         "--threads", str(cores)], port)
-        try:
-            server.wait_ready()
+        with servers(artifact, cores) as (port, bare_port):
             local = LoadedModel.load(artifact, threads=cores)
             results[name] = short_requests(port, local, str(artifact / local.manifest.tokenizer.file), 8, rounds,
-                                           seconds)
-        finally:
-            server.stop()
+                                           seconds, bare_port)
         m = results[name]["median"]
         print(f"{name} seq 8: concurrency 16 at x{m['c16_over_engine8']:.2f} of the engine's batch 8, "
-              f"concurrency 1 overhead {m['c1_overhead_ms']:.2f} ms over in-process", flush=True)
+              f"concurrency 1 overhead {m['c1_overhead_ms']:.2f} ms over in-process "
+              f"({m['bare_overhead_ms']:.2f} ms for the bare server)", flush=True)
     return results
 
 

@@ -57,18 +57,38 @@ def test_bench_runs_as_modules():
     assert run.returncode == 0 and "--quick" in run.stdout
 
 
-def test_short_request_figures_come_from_one_alternating_run(server, minilm_fp32_artifact: Path):  # noqa: F811
-    from bench.short import short_requests
+def test_short_request_figures_come_from_one_alternating_run(minilm_fp32_artifact: Path):
+    """Ours and the bare server, each timed in every round; the bare one does the same work as the pipeline."""
+    import numpy as np
+    import orjson
+
+    from bench.loadgen import Connection
+    from bench.short import servers, short_requests, table
     from infinity.model import LoadedModel
 
-    _, port, _ = server
     model = LoadedModel.load(minilm_fp32_artifact, threads=1)
-    result = short_requests(port, model, str(minilm_fp32_artifact / "tokenizer.json"), seq=8, rounds=2, seconds=0.2)
+    with servers(minilm_fp32_artifact, 1) as (port, bare_port):
+        async def ask(text: str) -> tuple[int, bytes]:
+            connection = Connection("127.0.0.1", bare_port)
+            try:
+                status, _, body = await connection.post("/predict", orjson.dumps({"inputs": text}))
+                return status, body
+            finally:
+                await connection.close()
+
+        status, body = asyncio.run(ask("what the bare server embeds"))
+        assert status == 200
+        assert np.allclose(orjson.loads(body), model.predict("what the bare server embeds"), atol=1e-6)
+        result = short_requests(port, model, str(minilm_fp32_artifact / "tokenizer.json"), seq=8, rounds=2,
+                                seconds=0.2, bare_port=bare_port)
     assert len(result["rounds"]) == 2
     for row in result["rounds"]:
         assert row["c16_over_engine8"] == row["http_c16_rps"] / row["in_process_batch8_seq_s"] > 0
         assert row["c1_overhead_ms"] == row["http_c1_p50_ms"] - row["in_process_p50_ms"]
+        assert row["c1_over_bare_ms"] == row["http_c1_p50_ms"] - row["bare_c1_p50_ms"]
+        assert row["bare_overhead_ms"] == row["bare_c1_p50_ms"] - row["in_process_p50_ms"]
     assert result["median"]["http_c16_p99_ms"] >= result["median"]["http_c16_p50_ms"] > 0
+    assert table("m", result)[0].count("|") == 12 and " - |" not in table("m", result)[0]
 
 
 def test_well_behaved_clients_are_each_answered_in_turn(server):  # noqa: F811
