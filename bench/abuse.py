@@ -59,7 +59,8 @@ async def normal_traffic(port: int, until: float, result: Normal) -> None:
     while time.monotonic() < until:
         start = time.perf_counter()
         try:
-            status, _, _ = await asyncio.wait_for(connection.post("/predict", SHORT), max(0.1, until - time.monotonic()))
+            status, headers, _ = await asyncio.wait_for(connection.post("/predict", SHORT),
+                                                        max(0.1, until - time.monotonic()))
         except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
             kind = "no answer" if isinstance(exc, asyncio.TimeoutError) else "connection error"
             result.errors[kind] = result.errors.get(kind, 0) + 1
@@ -71,6 +72,8 @@ async def normal_traffic(port: int, until: float, result: Normal) -> None:
             result.latencies_ms.append((time.perf_counter() - start) * 1000)
         else:
             result.errors[str(status)] = result.errors.get(str(status), 0) + 1
+            if status == 429:  # a well-behaved client waits as told: the server holds its connection meanwhile
+                await asyncio.sleep(min(float(headers.get("retry-after", "1")), max(0.0, until - time.monotonic())))
     await connection.close()
 
 
