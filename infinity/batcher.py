@@ -1,7 +1,8 @@
 """One queue, one engine thread: batches by padded tokens and rows, never waits for company.
 
 Every entry taken into a batch gets its rows or the batch's error; if the thread stops, every
-entry still queued is failed, so no caller can wait forever.
+entry still queued is failed, so no caller can wait forever. While the engine is idle, a caller
+may run one request on its own thread instead (`run_here`).
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ class Batcher:
         self.on_batch = on_batch
         self._queue: collections.deque[_Entry] = collections.deque()
         self._running: list[_Entry] = []
+        self._here = False  # a request runs on its caller's thread (run_here)
         self._cond = threading.Condition()
         self._accepting = True
         self._stop = False
@@ -100,7 +102,7 @@ class Batcher:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running: a request submitted now starts at once."""
-        return not self._queue and not self._running
+        return not self._queue and not self._running and not self._here
 
     @property
     def alive(self) -> bool:
@@ -185,8 +187,21 @@ class Batcher:
             self._running = batch
             return batch
 
-    def _execute(self, batch: list[_Entry]) -> None:
-        items = [item for entry in batch for item in entry.items]
+    def run_here(self, items: list[Encoded]) -> Outcome | None:
+        """Run one request's rows on the calling thread, if the engine is idle and accepting: no hand-off to
+        the engine thread and back. None: it is not (submit it instead)."""
+        with self._cond:
+            if not self.idle or not self._accepting or self._stop or not self.alive:
+                return None
+            self._here = True
+        try:
+            rows, seconds, padded = self._step(items)
+        finally:
+            self._here = False
+        return Outcome(rows, 0.0, seconds, len(items), padded)
+
+    def _step(self, items: list[Encoded]) -> tuple[np.ndarray, float, int]:
+        """The model on one batch, its errors mapped and reported: (rows, seconds, padded tokens)."""
         padded = len(items) * max(len(item) for item in items)
         started = time.perf_counter()
         try:
@@ -196,13 +211,27 @@ class Batcher:
         except BaseException as exc:
             error = exc if isinstance(exc, InfinityError) else BackendError(str(exc) or repr(exc))
             log.error("batch of %d failed: %s", len(items), error)
-            _deliver([(entry, None, error) for entry in batch])
-            self._running = []
             self._report(BatchReport(len(items), padded, time.perf_counter() - started, error))
             if not isinstance(exc, Exception):
                 raise
-            return
+            raise error from None
         seconds = time.perf_counter() - started
+        self._report(BatchReport(len(items), padded, seconds))
+        return rows, seconds, padded
+
+    def _execute(self, batch: list[_Entry]) -> None:
+        items = [item for entry in batch for item in entry.items]
+        try:
+            rows, seconds, padded = self._step(items)
+        except InfinityError as error:
+            _deliver([(entry, None, error) for entry in batch])
+            self._running = []
+            return
+        except BaseException as exc:
+            _deliver([(entry, None, BackendError(str(exc) or repr(exc))) for entry in batch])
+            self._running = []
+            raise
+        started = time.perf_counter() - seconds
         answers: list[Answer] = []
         offset = 0
         for entry in batch:
@@ -212,7 +241,6 @@ class Batcher:
             offset += count
         _deliver(answers)
         self._running = []
-        self._report(BatchReport(len(items), padded, seconds))
 
     def _report(self, report: BatchReport) -> None:
         if self.on_batch is None:

@@ -27,6 +27,9 @@ HELP = {
     "spin_wait": "let ONNX Runtime's workers busy-wait briefly for more work before they sleep (lower latency on "
                  "dedicated cores; turn off where the cores are shared, e.g. a sidecar)",
     "spin_wait_us": "microseconds a worker busy-waits before it sleeps, with --spin-wait",
+    "lone_request_tokens": "while requests come one at a time, one of at most this many padded tokens (rows x "
+                           "longest input) runs on the event loop instead of the engine thread, saving two thread "
+                           "wake-ups; 0: never",
     "max_batch_tokens": "padded tokens (rows x longest input) per batch",
     "max_batch_size": "rows per batch",
     "max_queue": "requests waiting for the engine before new ones get 429",

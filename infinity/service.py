@@ -27,6 +27,7 @@ log = logging.getLogger("infinity.service")
 
 PROBE_TEXT = "ready"
 INLINE_CHARS = 1024
+LONE_S = 1.0  # requests have come one at a time for this long: the next small one may run on the event loop
 T = TypeVar("T")
 
 
@@ -82,6 +83,7 @@ class Service:
         # counting, before any body is read, parsed or tokenized
         self.in_flight = 0
         self.max_in_flight = settings.max_queue + settings.max_batch_size
+        self.overlapped = 0.0  # when a request was last admitted while another was in flight
 
     async def start(self) -> None:
         """Start the engine thread and warm it up; a failed warm-up leaves the service unhealthy, not dead."""
@@ -127,6 +129,8 @@ class Service:
             raise NotReady("the model is not ready yet")
         if self.full:
             raise Overloaded(f"{self.in_flight} requests are already in flight; retry later")
+        if self.in_flight:
+            self.overlapped = time.perf_counter()
         self.in_flight += 1
         return Place(self)
 
@@ -147,7 +151,9 @@ class Service:
                                   f"the limit is {self.settings.max_inputs_per_request}")
         encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
         tokenized = time.perf_counter()
-        outcome = await self.batcher.submit(encoded)
+        outcome = self.batcher.run_here(encoded) if self._lone(encoded, tokenized) else None
+        if outcome is None:
+            outcome = await self.batcher.submit(encoded)
         timings = Timings(tokenization_s=tokenized - started, queue_s=outcome.queue_s,
                           inference_s=outcome.inference_s)
         self.metrics.tokenization.observe(timings.tokenization_s)
@@ -159,6 +165,13 @@ class Service:
         if small:
             return work(*args)
         return await asyncio.get_running_loop().run_in_executor(self.workers, work, *args)
+
+    def _lone(self, encoded: list[Encoded], now: float) -> bool:
+        """Requests have come one at a time for a while, and this one is small: it runs on the event loop, which
+        has nothing else to do, and saves two thread wake-ups. Once requests overlap, they go to the engine
+        thread again, where the next ones are read and tokenized while a batch runs."""
+        return (now - self.overlapped > LONE_S and self.in_flight <= 1
+                and len(encoded) * max(len(item) for item in encoded) <= self.settings.lone_request_tokens)
 
     def _encode(self, request: Request) -> list[Encoded]:
         try:

@@ -206,6 +206,40 @@ def test_idle_means_nothing_queued_and_nothing_running() -> None:
     run(main)
 
 
+def test_run_here_runs_on_the_callers_thread_only_while_the_engine_is_idle() -> None:
+    step = FakeStep()
+    threads: list[str] = []
+    original = step.__call__
+
+    def recording(items: list[Encoded]) -> np.ndarray:
+        threads.append(threading.current_thread().name)
+        return original(items)
+
+    async def main() -> None:
+        batcher, reports = make(recording)  # type: ignore[arg-type]
+        outcome = batcher.run_here([item(3, 7), item(5, 8)])
+        assert outcome is not None and outcome.rows.tolist() == [[7, 3], [8, 5]]
+        assert (outcome.queue_s, outcome.batch_size, outcome.batch_tokens) == (0.0, 2, 10)
+        assert threads == [threading.current_thread().name] and batcher.idle
+        step.entered.clear()
+        step.hold()
+        running = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        assert batcher.run_here([item(2, 2)]) is None  # the engine is busy: the caller must queue
+        step.release.set()
+        await running
+        assert threads[1] == "infinity-engine"
+        step.error = RuntimeError("kernel exploded")
+        with pytest.raises(BackendError, match="kernel exploded"):
+            batcher.run_here([item(1, 3)])
+        step.error = None
+        await batcher.close(1.0)
+        assert batcher.run_here([item(1, 4)]) is None  # closed: nothing runs anywhere
+        assert [(r.size, r.error is not None) for r in reports] == [(2, False), (1, False), (1, True)]
+
+    run(main)
+
+
 def test_close_drains_queued_work_then_refuses_new_work() -> None:
     step = FakeStep()
 

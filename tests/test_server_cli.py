@@ -47,6 +47,7 @@ def test_a_setting_that_defaults_on_can_be_turned_off_by_flag_or_environment() -
     (["--log-level", "loud"], {}, "log_level must be one of"),
     (["--spin-wait-us", "0"], {}, "spin_wait_us must be at least 1"),
     ([], {"INFINITY_SPIN_WAIT_US": "2000000"}, "spin_wait_us must be at most 1000000"),
+    (["--lone-request-tokens", "-1"], {}, "lone_request_tokens must not be negative"),
 ])
 def test_bad_settings_are_refused(argv: list[str], environ: dict[str, str], message: str) -> None:
     with pytest.raises(StartupError, match=message):

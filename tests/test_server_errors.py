@@ -31,6 +31,7 @@ class ControlledSession:
     def __init__(self, real: Any) -> None:
         self.real = real
         self.rows: list[int] = []
+        self.threads: list[str] = []  # the thread each batch ran on
         self.entered = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -38,6 +39,7 @@ class ControlledSession:
 
     def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         self.rows.append(int(feeds["input_ids"].shape[0]))
+        self.threads.append(threading.current_thread().name)
         self.entered.set()
         self.release.wait(WAIT)
         if self.fail:
@@ -61,9 +63,13 @@ def session(model: LoadedModel) -> Iterator[ControlledSession]:
         model.engine.session = real
 
 
+# Tests that hold the engine in a batch send their first request to the engine thread, not the event loop
+ON_ENGINE = {"lone_request_tokens": 0}
+
+
 @pytest.fixture()
 def client(model: LoadedModel) -> Iterator[TestClient]:
-    settings = Settings(max_payload_bytes=4096, max_inputs_per_request=4, max_batch_size=8, max_queue=2)
+    settings = Settings(max_payload_bytes=4096, max_inputs_per_request=4, max_batch_size=8, max_queue=2, **ON_ENGINE)
     with TestClient(create_app(model, settings)) as test_client:
         yield test_client
 
@@ -173,6 +179,35 @@ def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: Lo
     assert 'infinity_failures_total{route="/predict",error_type="overloaded"} 1' in client.get("/metrics").text
 
 
+def test_lone_small_requests_run_on_the_event_loop_and_overlapping_ones_on_the_engine_thread(
+        model: LoadedModel, session: ControlledSession) -> None:
+    from infinity.service import LONE_S
+
+    model.engine.session = session
+    long_text = "word " * 80  # over the default 64 padded tokens
+    with TestClient(create_app(model, Settings())) as client, ThreadPoolExecutor(2) as pool:
+        def ran_on(text: str) -> str:
+            assert client.post("/predict", json={"inputs": text}).status_code == 200
+            return session.threads[-1]
+
+        assert ran_on("short") != "infinity-engine"  # one at a time and small: on the event loop
+        assert ran_on(long_text) == "infinity-engine"  # one at a time, but longer
+        session.entered.clear()
+        session.release.clear()
+        running = pool.submit(client.post, "/predict", json={"inputs": long_text})
+        until(session.entered.is_set)
+        overlapping = pool.submit(client.post, "/predict", json={"inputs": "short"})
+        until(lambda: gauge(client, "infinity_queue_depth") == 1)
+        session.release.set()
+        assert running.result(WAIT).status_code == overlapping.result(WAIT).status_code == 200
+        assert session.threads[-2:] == ["infinity-engine", "infinity-engine"]
+        assert ran_on("short") == "infinity-engine"  # requests overlapped less than LONE_S ago
+        time.sleep(LONE_S)
+        assert ran_on("short") != "infinity-engine"
+    with TestClient(create_app(model, Settings(lone_request_tokens=0))) as client:
+        assert ran_on("short") == "infinity-engine"
+
+
 def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: TestClient, model: LoadedModel,
                                                                     session: ControlledSession) -> None:
     session.release.clear()
@@ -199,7 +234,7 @@ def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: Test
 
 def test_a_client_that_disconnects_while_queued_costs_no_compute(model: LoadedModel,
                                                                  session: ControlledSession) -> None:
-    app = create_app(model, Settings())
+    app = create_app(model, Settings(**ON_ENGINE))
 
     async def main() -> None:
         async with app.router.lifespan_context(app) as state:
@@ -279,7 +314,7 @@ def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
 def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedModel,
                                                                    session: ControlledSession) -> None:
     """With every place taken, a request is answered 429 by counting alone: nothing of it is tokenized."""
-    settings = Settings(max_queue=1, max_batch_size=1, max_inputs_per_request=1)
+    settings = Settings(max_queue=1, max_batch_size=1, max_inputs_per_request=1, **ON_ENGINE)
     with TestClient(create_app(model, settings)) as client, ThreadPoolExecutor(2) as pool:
         session.release.clear()
         model.engine.session = session
