@@ -195,13 +195,13 @@ class Batcher:
                 return None
             self._here = True
         try:
-            rows, seconds, padded = self._step(items)
+            rows, _, seconds, padded = self._step(items)
         finally:
             self._here = False
         return Outcome(rows, 0.0, seconds, len(items), padded)
 
-    def _step(self, items: list[Encoded]) -> tuple[np.ndarray, float, int]:
-        """The model on one batch, its errors mapped and reported: (rows, seconds, padded tokens)."""
+    def _step(self, items: list[Encoded]) -> tuple[np.ndarray, float, float, int]:
+        """The model on one batch, its errors mapped and reported: (rows, start, seconds, padded tokens)."""
         padded = len(items) * max(len(item) for item in items)
         started = time.perf_counter()
         try:
@@ -217,21 +217,20 @@ class Batcher:
             raise error from None
         seconds = time.perf_counter() - started
         self._report(BatchReport(len(items), padded, seconds))
-        return rows, seconds, padded
+        return rows, started, seconds, padded
 
     def _execute(self, batch: list[_Entry]) -> None:
         items = [item for entry in batch for item in entry.items]
         try:
-            rows, seconds, padded = self._step(items)
+            rows, started, seconds, padded = self._step(items)
         except InfinityError as error:
-            _deliver([(entry, None, error) for entry in batch])
             self._running = []
+            _deliver([(entry, None, error) for entry in batch])
             return
         except BaseException as exc:
-            _deliver([(entry, None, BackendError(str(exc) or repr(exc))) for entry in batch])
             self._running = []
+            _deliver([(entry, None, BackendError(str(exc) or repr(exc))) for entry in batch])
             raise
-        started = time.perf_counter() - seconds
         answers: list[Answer] = []
         offset = 0
         for entry in batch:
@@ -239,8 +238,8 @@ class Batcher:
             outcome = Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded)
             answers.append((entry, outcome, None))
             offset += count
+        self._running = []  # idle before anyone hears of it: a caller woken by the answer may run_here at once
         _deliver(answers)
-        self._running = []
 
     def _report(self, report: BatchReport) -> None:
         if self.on_batch is None:
