@@ -24,6 +24,11 @@ log = logging.getLogger("infinity.batcher")
 Step = Callable[[list[Encoded]], np.ndarray]
 
 
+def padded_tokens(items: list[Encoded]) -> int:
+    """What a batch of these rows costs the engine: rows x the longest row."""
+    return len(items) * max(len(item) for item in items)
+
+
 @dataclass
 class Outcome:
     rows: np.ndarray
@@ -202,7 +207,7 @@ class Batcher:
 
     def _step(self, items: list[Encoded]) -> tuple[np.ndarray, float, float, int]:
         """The model on one batch, its errors mapped and reported: (rows, start, seconds, padded tokens)."""
-        padded = len(items) * max(len(item) for item in items)
+        padded = padded_tokens(items)
         started = time.perf_counter()
         try:
             rows = self.step(items)

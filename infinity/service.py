@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.batcher import Batcher, BatchReport
+from infinity.batcher import Batcher, BatchReport, padded_tokens
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, ValidationError
 from infinity.metrics import Metrics
 from infinity.model import LoadedModel
@@ -171,7 +171,7 @@ class Service:
         has nothing else to do, and saves two thread wake-ups. Once requests overlap, they go to the engine
         thread again, where the next ones are read and tokenized while a batch runs."""
         return (now - self.overlapped > LONE_S and self.in_flight <= 1
-                and len(encoded) * max(len(item) for item in encoded) <= self.settings.lone_request_tokens)
+                and padded_tokens(encoded) <= self.settings.lone_request_tokens)
 
     def _encode(self, request: Request) -> list[Encoded]:
         try:
