@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from http import HTTPStatus
 from typing import TypedDict
 
 from starlette.applications import Starlette
@@ -15,17 +14,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity import api, openapi
-from infinity.api.endpoint import Endpoint, View, closed, failure, handle, respond
+from infinity import openapi
+from infinity.api.endpoint import Endpoint, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import version
 from infinity.auth import ApiKeys
-from infinity.errors import InfinityError
-from infinity.lane import Admit, Lane, Serve
-from infinity.protection import Shedding, canned
-from infinity.model import LoadedModel
-from infinity.service import Place, Service
-from infinity.settings import Settings
+from infinity.core import Core
+from infinity.service import Service
 
 log = logging.getLogger("infinity.app")
 
@@ -34,16 +29,20 @@ class State(TypedDict):
     service: Service
 
 
-async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
-    error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
-    return HF.failure(exc.status_code, str(exc.detail), error_type, dict(exc.headers or {}))
+async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    error_type = {404: "not_found", 405: "method_not_allowed"}.get(status, "http")
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
+    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else None
+    return HF.failure(status, str(detail), error_type, headers)
 
 
 class LastResort:
     """Anything unexpected becomes a JSON 500; the server keeps serving."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, failed: Callable[[str], None] = lambda path: None) -> None:
         self.app = app
+        self.failed = failed  # counts a failure by the request's path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,42 +59,9 @@ class LastResort:
             await self.app(scope, receive, tracking_send)
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            state = scope.get("state") or {}
-            if "service" in state:
-                state["service"].metrics.failures.inc(scope.get("path", ""), "internal")
+            self.failed(scope.get("path", ""))
             if not started:
                 await HF.failure(500, "internal server error", "internal")(scope, receive, send)
-
-
-def lane_core(endpoints: dict[str, Endpoint], service: Service) -> tuple[Admit, Serve]:
-    """The lane's way into the routes' core: admission when a body is complete, then the core, with the usual
-    path's last resort around it."""
-
-    def admit(path: str) -> Place | Response:
-        try:
-            return service.admit()
-        except InfinityError as exc:
-            return failure(endpoints[path], service, exc)
-
-    async def serve(path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Response:
-        async def read() -> bytes:
-            return body
-
-        try:
-            return await respond(endpoints[path], service, read, gone=gone, place=place)
-        except Exception:
-            log.exception("unhandled error on POST %s", path)
-            service.metrics.failures.inc(path, "internal")
-            return HF.failure(500, "internal server error", "internal")
-
-    return admit, serve
-
-
-def refusal(endpoint: Endpoint, retry_after: int) -> bytes:
-    """The whole 429 response of one route, in its family's error shape, for refusals made on the socket."""
-    status = endpoint.family.status(429)
-    body = endpoint.family.error(status, "the server is at capacity; retry later", "overloaded")
-    return canned(status, HTTPStatus(status).phrase, "", "", f"retry-after: {retry_after}\r\n", body=body, close=False)
 
 
 def _view(endpoint: Endpoint) -> View:
@@ -108,42 +74,28 @@ def _view(endpoint: Endpoint) -> View:
     return view
 
 
-def create_app(model: LoadedModel, settings: Settings) -> Starlette:
+def create_app(core: Core) -> Starlette:
+    service, settings = core.service, core.service.settings
+    manifest = service.model.manifest
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[State]:
-        service = Service(model, settings)
         await service.start()
-        shedding.full = lambda: service.full
-        shedding.refused = lambda path: service.metrics.refused(path.decode("latin-1"))
-        shedding.rejected = service.metrics.rejected.inc
-        if lane is not None:
-            lane.admit, lane.serve = lane_core(inference, service)
-            lane.closed = lambda path: closed(inference[path], service)
-        log.info("ready: %s on %s (%s)", model.manifest.source.task, model.manifest.target.name,
-                 model.manifest.model.precision)
+        log.info("ready: %s on %s (%s)", manifest.source.task, manifest.target.name, manifest.model.precision)
         try:
             yield {"service": service}
         finally:
-            shedding.full = Shedding.full
-            if lane is not None:
-                lane.admit = lane.serve = None
             await service.close()
 
-    served = api.endpoints(model, settings)
-    inference = {e.path: e for e in served if e.inference}
-    request_lines = {f"POST {path} ".encode(): path for path in inference}  # what a request starts with
-    shedding = Shedding(answers={line: refusal(inference[path], settings.retry_after)
-                                 for line, path in request_lines.items()})
-    # API keys are checked by a middleware the lane would skip: with keys, every request takes the usual path
-    lane = None if settings.api_keys else Lane(request_lines, settings.max_payload_bytes)
-    everything = served + api.elsewhere(served, model.task.name)
-    routes = [Route(e.path, _view(e), methods=[e.method]) for e in everything]
-    guarded = {e.path: e.family for e in everything if e.protected}
-    middleware = [Middleware(LastResort), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
+    routes = [Route(e.path, _view(e), methods=[e.method]) for e in core.routes]
+    guarded = {e.path: e.family for e in core.routes if e.protected}
+    def failed(path: str) -> None:
+        service.metrics.failures.inc(core.route_label(path), "internal")
+
+    middleware = [Middleware(LastResort, failed=failed), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
-    title = f"infinity: {model.manifest.source.task} with {model.manifest.public_model_id}"
-    app.state.shedding = shedding
-    app.state.lane = lane
-    app.state.openapi = openapi.document(served, title, version(), secured=bool(settings.api_keys))
+                    exception_handlers={HTTPException: http_error})
+    app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow
+    title = f"infinity: {manifest.source.task} with {manifest.public_model_id}"
+    app.state.openapi = openapi.document(core.served, title, version(), secured=bool(settings.api_keys))
     return app

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -12,13 +13,14 @@ from infinity.api.endpoint import Family
 log = logging.getLogger("infinity.auth")
 
 
-def presented_key(headers: Headers) -> str | None:
-    """`Authorization: Bearer KEY` (OpenAI, Cohere, huggingface_hub, TEI clients) or `api-key: KEY` (Azure)."""
-    authorization = headers.get("authorization")
+def presented_key(header: Callable[[str], str | None]) -> str | None:
+    """`Authorization: Bearer KEY` (OpenAI, Cohere, huggingface_hub, TEI clients) or `api-key: KEY` (Azure);
+    `header` gives a header's value by its lower-case name."""
+    authorization = header("authorization")
     if authorization:
         scheme, _, credentials = authorization.partition(" ")
         return credentials.strip() if scheme.lower() == "bearer" else None
-    return headers.get("api-key")
+    return header("api-key")
 
 
 def matches(key: str | None, keys: tuple[bytes, ...]) -> bool:
@@ -38,7 +40,7 @@ class ApiKeys:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         family = self.guarded.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if family is None or matches(presented_key(Headers(scope=scope)), self.keys):
+        if family is None or matches(presented_key(Headers(scope=scope).get), self.keys):
             await self.app(scope, receive, send)
             return
         state = scope.get("state") or {}

@@ -140,16 +140,17 @@ def warn_if_open(settings: Settings) -> None:
 
 def serve(directory: Path, settings: Settings) -> int:
     from infinity.app import create_app
-    from infinity.server import bind, run
+    from infinity.core import Core
+    from infinity.http.server import bind, check_uvicorn, run
 
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)
     check(directory, settings)
+    check_uvicorn()
     sock = bind(settings.host, settings.port)
     try:
-        model = open_checked(directory, settings, threads)
-        app = create_app(model, settings)
-        return run(app, settings, sock, app.state.shedding, app.state.lane)
+        core = Core.build(open_checked(directory, settings, threads), settings)
+        return run(create_app(core), settings, sock, core.gate(), core.lane())
     finally:
         sock.close()
 

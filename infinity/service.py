@@ -80,7 +80,7 @@ class Service:
         self.healthy = False
         self._probe_lock = asyncio.Lock()
         # requests between admission and answer: a full queue plus one full batch, so a 429 is decided by
-        # counting, before any body is read, parsed or tokenized
+        # counting, once a body is whole and before it is parsed or tokenized
         self.in_flight = 0
         self.max_in_flight = settings.max_queue + settings.max_batch_size
         self.overlapped = 0.0  # when a request was last admitted while another was in flight
@@ -136,7 +136,7 @@ class Service:
 
     @contextlib.contextmanager
     def admission(self, place: Place | None = None) -> Iterator[None]:
-        """Hold a place (taken here unless given) from before the body is read until the answer is ready."""
+        """Hold a place (taken here unless given) from a whole body until the answer is ready."""
         place = place or self.admit()
         try:
             yield

@@ -33,11 +33,11 @@ def test_keys_come_from_flags_variables_and_files(tmp_path: Path) -> None:
 
 
 def test_a_key_is_read_from_bearer_or_api_key_headers() -> None:
-    assert presented_key(Headers({"authorization": "Bearer k"})) == "k"
-    assert presented_key(Headers({"authorization": "bearer  k "})) == "k"
-    assert presented_key(Headers({"authorization": "Basic k"})) is None
-    assert presented_key(Headers({"api-key": "k"})) == "k"
-    assert presented_key(Headers({})) is None
+    assert presented_key(Headers({"authorization": "Bearer k"}).get) == "k"
+    assert presented_key(Headers({"authorization": "bearer  k "}).get) == "k"
+    assert presented_key(Headers({"authorization": "Basic k"}).get) is None
+    assert presented_key(Headers({"api-key": "k"}).get) == "k"
+    assert presented_key(Headers({}).get) is None
 
 
 def test_only_a_configured_key_matches() -> None:

@@ -17,11 +17,13 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from infinity.app import create_app
-from infinity.lane import LaneProtocol
-from infinity.lane import protocol as lane_protocol
+from infinity.core import Core
+from infinity.http.lane import LaneProtocol
+from infinity.http.lane import protocol as lane_protocol
 from infinity.model import LoadedModel
-from infinity.protection import declared_body, protocol_class
-from infinity.server import limits
+from infinity.http.heads import declared_body
+from infinity.http.protocol import protocol_class
+from infinity.http.server import limits
 from infinity.settings import Settings
 from tests.servers import WAIT, Reader, Server, running
 
@@ -286,14 +288,15 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
     """In-process, with the protocol class `infinity serve` uses: a plain request leaves no ASGI cycle behind,
     a chunked one does (so the plain one was answered by the lane)."""
     settings = Settings(threads=1)
-    app = create_app(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
+    core = Core.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
+    app = create_app(core)
     made: list[LaneProtocol] = []
 
     async def main() -> tuple[bytes, bytes]:
         async with app.router.lifespan_context(app) as state:
             config = uvicorn.Config(app, lifespan="off")
             config.load()
-            http = lane_protocol(protocol_class(limits(settings), app.state.shedding), app.state.lane)
+            http = lane_protocol(protocol_class(limits(settings), core.gate()), core.lane())
 
             def connection() -> LaneProtocol:
                 made.append(http(config=config, server_state=ServerState(), app_state=dict(state)))

@@ -178,11 +178,12 @@ sys.meta_path.insert(0, Blocker())
 import infinity.app, infinity.cli, infinity.service, infinity.batcher, infinity.preflight, infinity.openapi
 from starlette.testclient import TestClient
 from infinity.app import create_app
+from infinity.core import Core
 from infinity.model import LoadedModel
 from infinity.settings import Settings
 
 for artifact, inputs in zip(sys.argv[1::2], sys.argv[2::2]):
-    with TestClient(create_app(LoadedModel.load(artifact), Settings())) as client:
+    with TestClient(create_app(Core.build(LoadedModel.load(artifact), Settings()))) as client:
         response = client.post("/predict", json={"inputs": inputs})
         assert response.status_code == 200, response.text
         print(response.text)

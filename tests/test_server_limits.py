@@ -16,7 +16,7 @@ import pytest
 
 from infinity.cli import build_parser, settings_from
 from infinity.preflight import StartupError
-from infinity.protection import Shedding
+from infinity.http.protocol import Gate
 from tests.servers import ROOT, WAIT, Reader, Server, running
 
 HEAD_LIMIT = 4096
@@ -200,9 +200,10 @@ def test_a_port_in_use_is_refused_before_the_model_loads(minilm_fp32_artifact: P
                                                   "address already in use"]
 
 
-def shedding(full: bool = True) -> tuple[Shedding, list[bytes]]:
+def shedding(full: bool = True, authorized: bool = True) -> tuple[Gate, list[bytes]]:
     counted: list[bytes] = []
-    return Shedding({b"POST /predict ": b"HTTP/1.1 429 Too Many Requests\r\n\r\n"}, lambda: full, counted.append), counted
+    return Gate({b"POST /predict ": b"HTTP/1.1 429 Too Many Requests\r\n\r\n"}, lambda: full,
+                lambda head: authorized, refused=counted.append), counted
 
 
 def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str = "", version: str = "1.1") -> bytes:

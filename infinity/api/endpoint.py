@@ -141,8 +141,9 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
     the client leaving rather than from the drain deadline; `place`, if given, was admitted already."""
     started = time.perf_counter()
     try:
+        # the body is whole before a place in flight is taken: stalled bodies can never fill the server
+        body = await read()
         with service.admission(place):
-            body = await read()
             core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
             result = None
             if core is not None:

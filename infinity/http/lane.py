@@ -5,8 +5,8 @@ body and the answer travel as ASGI messages through the Starlette stack: for an 
 half of the event loop's work per request. Here the head is checked with a few byte searches, the body is
 gathered as it arrives, and the route's core answers it; the bytes written are those the usual path writes.
 Anything else (chunked or unsized bodies, Expect, Connection other than keep-alive, HTTP/1.0, a request behind
-an answer still pending) goes to the parser as before, and so does everything when API keys or the access log
-are on.
+an answer still pending) goes to the parser as before, and so does a request without a valid key, which the app
+answers 401.
 """
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from starlette.responses import Response
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from infinity.protection import TIMEOUT, GuardedHttpToolsProtocol, declared_body, route_of
+from infinity.http.adapter import STATUS_LINE
+from infinity.http.heads import declared_body, route_of
+from infinity.http.protocol import GuardedHttpToolsProtocol
 
-log = logging.getLogger("infinity.lane")
+log = logging.getLogger("infinity.http")
+access = logging.getLogger("uvicorn.access")
 
 
 class Place(Protocol):
@@ -30,18 +32,26 @@ class Place(Protocol):
     def release(self) -> None: ...
 
 
-Admit = Callable[[str], "Place | Response"]  # path -> a place, or the route's refusal (429, 503)
-Serve = Callable[[str, bytes, Any, Callable[[], bool]], Awaitable[Response]]  # (path, body, place, gone?) -> answer
+class Core(Protocol):
+    """The routes' core, built before the server starts."""
+
+    def admit(self, path: str) -> Place | Response:
+        """A place in flight, or the route's refusal (429, 503)."""
+
+    def serve(self, path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Awaitable[Response]:
+        """The answer to a whole body; `gone` says whether the client has left."""
+
+    def closed(self, path: str) -> None:
+        """Counts a client that left before its answer was ready."""
 
 
 @dataclass
 class Lane:
-    """What the connection needs from the app: its inference routes, and (while the app runs) their core."""
+    """What the connection needs of the core: its inference routes and how to answer them."""
     routes: dict[bytes, str]  # request line up to the target, "POST /path " -> path
     max_body: int  # a larger declared body takes the usual path, which answers 413
-    serve: Serve | None = None
-    admit: Admit | None = None
-    closed: Callable[[str], object] = lambda path: None  # counts a client that left before its answer was ready
+    core: Core
+    access_log: bool = False
 
 
 def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
@@ -85,10 +95,10 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             super().data_received(data)
 
     def _whole_head(self, data: bytes, end: int) -> None:
-        serving = self.lane.serve is not None and not self.shedding.full()  # a full server refuses on the socket
+        serving = not self.gate.full()  # a full server refuses on the socket
         path = self.lane.routes.get(route_of(data)) if serving else None
         wanted = declared_body(data, end) if path is not None else None
-        if wanted is None or wanted > self.lane.max_body:
+        if wanted is None or wanted > self.lane.max_body or not self.gate.authorized(data[:end]):
             super()._whole_head(data, end)
             return
         self._disarm()
@@ -120,13 +130,10 @@ class LaneProtocol(GuardedHttpToolsProtocol):
 
     def _answer(self, body: bytes, rest: bytes) -> None:
         self.backlog += rest
-        path, admit = self.path or "", self.lane.admit
-        if admit is None:  # the app stopped while this body arrived
-            self.transport.close()
-            return
-        place = admit(path)
+        path = self.path or ""
+        place = self.lane.core.admit(path)
         if isinstance(place, Response):  # refused at once, in the route's own shape
-            self.transport.write(wire(place, self.server_state.default_headers, self.closing))
+            self._write(path, place)
             if place.status_code == 429 and not self.closing:
                 self.path, self.request_head = None, b""  # answered: nothing of it is left to drain or count
                 self._hold(self._next)
@@ -139,19 +146,23 @@ class LaneProtocol(GuardedHttpToolsProtocol):
         self.task.add_done_callback(self._answered)
 
     async def _respond(self, path: str, body: bytes, place: Place) -> None:
-        serve = self.lane.serve
         try:
-            response = await serve(path, body, place, lambda: self.gone) if serve is not None else None
-        except asyncio.CancelledError:  # before the route's core could answer
-            response = None
-        if response is None:  # nothing can be written: the app has stopped, or the task never began
+            response = await self.lane.core.serve(path, body, place, lambda: self.gone)
+        except asyncio.CancelledError:  # the task never began: nothing can be written
             self.transport.close()
             return
         if self.transport.is_closing():
             return
-        self.transport.write(wire(response, self.server_state.default_headers, self.closing))
+        self._write(path, response)
         if self.flow.write_paused:
             await self.flow.drain()  # a client that does not read its answers gets no more of them
+
+    def _write(self, path: str, response: Response) -> None:
+        if self.lane.access_log:  # logged first, so that a client that has its answer finds the line
+            client = "%s:%d" % self.client if self.client else "-"
+            # uvicorn's access-log formatter reads exactly these five arguments
+            access.info('%s - "%s %s HTTP/%s" %d', client, "POST", path, "1.1", response.status_code)
+        self.transport.write(wire(response, self.server_state.default_headers, self.closing))
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -188,7 +199,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             self.gone = True
             self.task.cancel()
         elif self.path is not None:
-            self.lane.closed(self.path)
+            self.lane.core.closed(self.path)
             self.path = None
         super().connection_lost(exc)
 
@@ -200,12 +211,15 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             self._to_parser()
         super().shutdown()
 
+    def _path(self) -> bytes:
+        return self.path.encode() if self.path is not None else super()._path()
+
     def _expired(self) -> None:
         if self.path is not None and self.task is None and not self.refused:
+            log.debug("a request from %s did not arrive in time", self.client)
+            self._reject(408, "the request did not arrive in time", "timeout", "timeout")
             self.path = None
             self.body.clear()
-            log.debug("a request from %s did not arrive in time", self.client)
-            self._reject(TIMEOUT, "timeout")
             return
         super()._expired()
 

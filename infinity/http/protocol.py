@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from infinity.http.adapter import HttpToolsProtocol
+from infinity.http.heads import canned, declared_body, end_of_head, refusal, route_of, target_of
 
-log = logging.getLogger("infinity.protection")
+log = logging.getLogger("infinity.http")
 
 LINGER_S = 1.0  # a refused client may read our answer (and we drop what it still sends) this long
 WARN_EVERY_S = 60.0
@@ -33,24 +32,22 @@ class Limits:
     refusal_hold: float  # seconds a connection is not read after a 429 (its Retry-After)
 
 
-def canned(status: int, reason: str, message: str, error_type: str, extra: str = "",
-           body: dict[str, Any] | None = None, close: bool = True) -> bytes:
-    """A whole JSON error response, written straight to the socket (the app never sees these requests)."""
-    payload = orjson.dumps(body if body is not None else {"error": message, "error_type": error_type})
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
-            f"{extra}connection: {'close' if close else 'keep-alive'}\r\n\r\n")
-    return head.encode("ascii") + payload
-
-
 @dataclass
-class Shedding:
-    """Refusals decided on the socket: while `full()` holds, a whole small POST to one of these paths gets its
-    route's 429 without a parser callback, an ASGI task or the app: a retry storm costs microseconds a try and
-    leaves the event loop to the requests already admitted."""
-    answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole response
+class Gate:
+    """What the transport asks of the core, which is built before the server starts.
+
+    Refusals decided on the socket: while `full()` holds, a whole small POST to an inference route that carries
+    a valid key gets its route's 429 without a parser callback, an ASGI task or the app: a retry storm costs
+    microseconds a try and leaves the event loop to the requests already admitted. A request without a valid
+    key is never refused here: the app answers it 401, before any place in flight is counted."""
+    answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole 429
     full: Callable[[], bool] = lambda: False
+    authorized: Callable[[bytes], bool] = lambda head: True  # a head carries a valid key (or none is needed)
+    # (path, status, message, error_type) -> (status, body) in the route's family shape
+    error: Callable[[bytes, int, str, str], tuple[int, dict[str, Any]]] = (
+        lambda path, status, message, error_type: (status, {"error": message, "error_type": error_type}))
     refused: Callable[[bytes], None] = lambda path: None  # counts a refusal (metrics)
-    rejected: Callable[[str], None] = lambda reason: None  # counts a 431, 408 or 503 on the socket, or an idle eviction
+    rejected: Callable[[str], None] = lambda reason: None  # counts a 4xx/5xx on the socket, or an idle eviction
 
     def answer(self, data: bytes, end: int) -> bytes | None:
         """The 429 for `data` if it is exactly one whole request to a shed path and the server is full."""
@@ -58,61 +55,15 @@ class Shedding:
         if answer is None or not self.full():
             return None
         length = declared_body(data, end)
-        if length is None or end + length != len(data):
-            return None  # anything but one plain HTTP/1.1 keep-alive request with a sized body takes the usual path
+        if length is None or end + length != len(data) or not self.authorized(data[:end]):
+            return None  # anything but one plain, authorized HTTP/1.1 keep-alive request takes the usual path
         self.refused(data[5:data.find(b" ", 5)])
         return answer
 
 
-def route_of(data: bytes) -> bytes:
-    """A POST's request line up to its target, "POST /path " (b"" for anything else)."""
-    space = data.find(b" ", 5, 300) if data.startswith(b"POST ") else -1
-    return data[:space + 1] if space > 0 else b""
-
-
-# A POST head the parser would take as it is: CRLF line ends, header names that are tokens right before their
-# colon, values without control bytes (HTAB aside). Anything else (bare LF, folded lines, a NUL) goes to the
-# parser, which answers 400, so a malformed head is never served here where the usual path refuses it.
-PLAIN_HEAD = re.compile(rb"POST /[!-~]* HTTP/1\.1\r\n"
-                        rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t \x21-\x7e\x80-\xff]*\r\n)*\r\n")
-
-
-def declared_body(data: bytes, end: int) -> int | None:
-    """The body length a plain HTTP/1.1 keep-alive POST head declares in its one content-length; None for
-    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0, malformed), which the parser
-    takes."""
-    if PLAIN_HEAD.fullmatch(data, 0, end) is None:
-        return None
-    head = data[:end].lower()
-    at = head.find(b"\ncontent-length:")
-    if at < 0 or head.find(b"\ncontent-length:", at + 1) >= 0 or b"transfer-encoding" in head or b"\nexpect:" in head:
-        return None
-    connection = head.find(b"\nconnection:")
-    if connection >= 0 and (head[connection + 12:head.find(b"\n", connection + 1)].strip() != b"keep-alive"
-                            or head.find(b"\nconnection:", connection + 1) >= 0):
-        return None
-    length = head[at + 16:head.find(b"\n", at + 1)].strip()
-    return int(length) if length.isdigit() else None
-
-
-TIMEOUT = canned(408, "Request Timeout", "the request did not arrive in time", "timeout")
-BUSY = canned(503, "Service Unavailable", "too many open connections; retry later", "overloaded",
-              "retry-after: 1\r\n")
-
-
-def end_of_head(data: bytes | bytearray, start: int) -> int:
-    """Where a request head ends (just past its blank line, CRLF or bare LF), or -1 if it has not ended yet."""
-    crlf = data.find(b"\r\n\r\n", start)
-    lf = data.find(b"\n\n", start, len(data) if crlf < 0 else crlf)
-    if lf >= 0:
-        return lf + 2
-    return crlf + 4 if crlf >= 0 else -1
-
-
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits: Limits
-    shedding: Shedding
-    too_large: bytes
+    gate: Gate
     idle_ones: dict[GuardedHttpToolsProtocol, None]  # open connections waiting for a request, longest first
     last_warning = 0.0
 
@@ -132,7 +83,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
             self.transport = transport
             self._warn("refusing connections: %d are open, the limit", len(self.connections))
-            self._reject(BUSY, "too_many_connections")
+            self._reject(503, "too many open connections; retry later", "overloaded", "too_many_connections",
+                         extra="retry-after: 1\r\n")
             return
         super().connection_made(transport)
         self.idle_ones[self] = None
@@ -162,7 +114,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if not victim.transport.is_closing():
                 self.connections.discard(victim)
                 victim.transport.close()
-                self.shedding.rejected("idle_evicted")
+                self.gate.rejected("idle_evicted")
                 return True
         return False
 
@@ -179,7 +131,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 if len(data) > room:
                     super().data_received(data[:room])
                     if self.in_message and not self.head_done and not self.transport.is_closing():
-                        self._reject(self.too_large, "header_too_large")
+                        self._too_large()
                         return
                     data = data[room:]
             self._feed(data)
@@ -200,7 +152,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.head += data
         end = end_of_head(self.head, start)
         if end > limit or (end < 0 and len(self.head) > limit):
-            self._reject(self.too_large, "header_too_large")
+            self._too_large()
         elif end >= 0:
             whole = bytes(self.head)
             self.head.clear()
@@ -208,14 +160,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _whole_head(self, data: bytes, end: int) -> None:
         """A request whose head came whole in one read, on a connection with no answer pending."""
-        refusal = self.shedding.answer(data, end)
-        if refusal is None:
+        shed = self.gate.answer(data, end)
+        if shed is None:
             self._feed(data)
             return
         # answered as a keep-alive response: the connection is idle again once its hold is over
         self._disarm()  # the head arrived: its deadline must not close the connection later
         self._unset_keepalive_if_required()
-        self.transport.write(refusal)
+        self.transport.write(shed)
         self._hold(self._idle)
 
     def _idle(self) -> None:
@@ -238,7 +190,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         then()
 
     def _feed(self, data: bytes) -> None:
-        super().data_received(data)
+        super().data_received(data)  # the parser's errors come back through send_400_response
         if self.refused or self.transport.is_closing() or self.deadline is not None or not self.in_message:
             return
         self._arm(self.limits.body_timeout if self.head_done else self.limits.header_timeout)
@@ -246,18 +198,45 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
+        if self.refused:
+            return
         super().on_message_begin()
         self.in_message, self.head_done, self.fed = True, False, 0
 
+    def on_url(self, url: bytes) -> None:
+        if not self.refused:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.refused:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self.refused:
+            return
         self.head_done = True
         self._disarm()
+        refused = refusal(self.parser.get_http_version(), self.headers, self.parser.should_upgrade())
+        if refused is not None:
+            status, message = refused
+            self._reject(status, message, "bad_request", "bad_request")
+            return
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if not self.refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self.refused:
+            return
         super().on_message_complete()
         self.in_message = False
         self._disarm()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read: a JSON 400 in the route's shape, then close."""
+        self._reject(400, "the request is not valid HTTP/1.1", "bad_request", "bad_request")
 
     # deadlines and refusals
 
@@ -276,14 +255,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.abort()
         elif self.head or self.in_message:
             log.debug("a request from %s did not arrive in time", self.client)
-            self._reject(TIMEOUT, "timeout")
+            self._reject(408, "the request did not arrive in time", "timeout", "timeout")
         else:
             self.transport.close()  # nothing arrived: close quietly, as a keep-alive timeout does
 
-    def _reject(self, response: bytes, reason: str) -> None:
-        """Answer without the app, stop reading into the parser, and close once the client has had the answer."""
+    def _too_large(self) -> None:
+        self._reject(431, f"the request line and headers exceed {self.limits.max_header_bytes} bytes",
+                     "header_too_large", "header_too_large")
+
+    def _path(self) -> bytes:
+        """The path of the request being refused, to answer in its route's shape (b"" if none is known)."""
+        if self.in_message and self.scope is not None and "path" in self.scope:
+            return self.scope["path"].encode("latin-1", "replace")
+        return target_of(self.head)
+
+    def _reject(self, status: int, message: str, error_type: str, reason: str, extra: str = "") -> None:
+        """Answer without the app in the route's error shape, stop reading into the parser, and close once the
+        client has had the answer."""
+        status, body = self.gate.error(self._path(), status, message, error_type)
+        response = canned(status, body, extra)
         self.refused = True
-        self.shedding.rejected(reason)
+        self.gate.rejected(reason)
         self.head.clear()
         self.idle_ones.pop(self, None)
         cycle = self.cycle
@@ -305,8 +297,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             log.warning(message, *args)
 
 
-def protocol_class(limits: Limits, shedding: Shedding | None = None) -> type[GuardedHttpToolsProtocol]:
-    too_large = canned(431, "Request Header Fields Too Large",
-                       f"the request line and headers exceed {limits.max_header_bytes} bytes", "header_too_large")
+def protocol_class(limits: Limits, gate: Gate | None = None) -> type[GuardedHttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
-                {"limits": limits, "too_large": too_large, "idle_ones": {}, "shedding": shedding or Shedding()})
+                {"limits": limits, "idle_ones": {}, "gate": gate or Gate()})

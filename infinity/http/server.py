@@ -8,10 +8,11 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
-from infinity.lane import Lane
-from infinity.lane import protocol as lane_protocol
+from infinity.http.adapter import missing
+from infinity.http.lane import Lane
+from infinity.http.lane import protocol as lane_protocol
+from infinity.http.protocol import Gate, Limits, protocol_class
 from infinity.preflight import StartupError
-from infinity.protection import Limits, Shedding, protocol_class
 from infinity.settings import Settings
 
 try:
@@ -19,7 +20,7 @@ try:
 except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
-log = logging.getLogger("infinity.server")
+log = logging.getLogger("infinity.http")
 SPARE_FILES = 64  # descriptors kept for everything but client connections (listener, loop, logs, refusals)
 
 
@@ -69,11 +70,16 @@ def limits(settings: Settings) -> Limits:
                   refusal_hold=float(settings.retry_after))
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket, shedding: Shedding | None = None,
-        lane: Lane | None = None) -> int:
-    http = protocol_class(limits(settings), shedding)
-    if lane is not None and not settings.access_log:  # the access log is written by the usual path
-        http = lane_protocol(http, lane)
+def check_uvicorn() -> None:
+    """The transport relies on a few of uvicorn's internals: an upgrade that removed one stops here, by name."""
+    absent = missing()
+    if absent:
+        raise StartupError(f"this uvicorn lacks what the server relies on: {', '.join(absent)}; "
+                           "install the version pyproject.toml names")
+
+
+def run(app: ASGIApp, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane) -> int:
+    http = lane_protocol(protocol_class(limits(settings), gate), lane)
     config = uvicorn.Config(app, http=http, ws="none", lifespan="on",
                             log_level=settings.log_level, access_log=settings.access_log,
                             timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]

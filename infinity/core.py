@@ -1,0 +1,107 @@
+"""The core, built once before the server starts: the service, the routes this artifact serves, and what the
+transport asks of them. The app's handlers and the transport's lane both call into it; nothing is assigned later."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+
+from infinity import api
+from infinity.api.endpoint import Endpoint, Family, closed, failure, respond
+from infinity.api.hf import HF
+from infinity.auth import matches, presented_key
+from infinity.errors import InfinityError
+from infinity.http.heads import canned, header
+from infinity.http.lane import Lane
+from infinity.http.protocol import Gate
+from infinity.model import LoadedModel
+from infinity.service import Place, Service
+from infinity.settings import Settings
+
+log = logging.getLogger("infinity.core")
+
+
+@dataclass
+class Core:
+    service: Service
+    served: list[Endpoint]  # the routes this artifact serves, in the order the OpenAPI document lists them
+    routes: list[Endpoint]  # ... and the other tasks' routes, which answer 404 saying why
+    keys: tuple[bytes, ...]
+
+    @classmethod
+    def build(cls, model: LoadedModel, settings: Settings) -> Core:
+        served = api.endpoints(model, settings)
+        routes = served + api.elsewhere(served, model.task.name)
+        return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys))
+
+    @property
+    def inference(self) -> dict[str, Endpoint]:
+        return {endpoint.path: endpoint for endpoint in self.served if endpoint.inference}
+
+    def family(self, path: str) -> Family:
+        return next((endpoint.family for endpoint in self.routes if endpoint.path == path), HF)
+
+    def route_label(self, path: str) -> str:
+        """A metrics label: the route's path, never a raw path a client made up."""
+        return path if any(endpoint.path == path for endpoint in self.routes) else "unmatched"
+
+    # what the lane calls
+
+    def admit(self, path: str) -> Place | Response:
+        try:
+            return self.service.admit()
+        except InfinityError as exc:
+            return failure(self.inference[path], self.service, exc)
+
+    async def serve(self, path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Response:
+        async def read() -> bytes:
+            return body
+
+        try:
+            return await respond(self.inference[path], self.service, read, gone=gone, place=place)
+        except Exception:
+            log.exception("unhandled error on POST %s", path)
+            self.service.metrics.failures.inc(path, "internal")
+            return HF.failure(500, "internal server error", "internal")
+
+    def closed(self, path: str) -> None:
+        closed(self.inference[path], self.service)
+
+    # what the socket layer calls
+
+    def authorized(self, head: bytes) -> bool:
+        """The head carries a valid key, or the server needs none."""
+        if not self.keys:
+            return True
+
+        def value(name: str) -> str | None:
+            found = header(head, name.encode())
+            return found.decode("latin-1") if found is not None else None
+
+        return matches(presented_key(value), self.keys)
+
+    def error(self, path: bytes, status: int, message: str, error_type: str) -> tuple[int, dict[str, Any]]:
+        family = self.family(path.decode("latin-1"))
+        status = family.status(status)
+        return status, family.error(status, message, error_type)
+
+    def refusal(self, endpoint: Endpoint) -> bytes:
+        """The whole 429 of one route, in its family's error shape, for refusals made on the socket."""
+        status = endpoint.family.status(429)
+        body = endpoint.family.error(status, "the server is at capacity; retry later", "overloaded")
+        return canned(status, body, f"retry-after: {self.service.settings.retry_after}\r\n", close=False)
+
+    def gate(self) -> Gate:
+        metrics = self.service.metrics
+        return Gate(answers={f"POST {path} ".encode(): self.refusal(endpoint)
+                             for path, endpoint in self.inference.items()},
+                    full=lambda: self.service.full, authorized=self.authorized, error=self.error,
+                    refused=lambda path: metrics.refused(path.decode("latin-1")), rejected=metrics.rejected.inc)
+
+    def lane(self) -> Lane:
+        settings = self.service.settings
+        return Lane({f"POST {path} ".encode(): path for path in self.inference}, settings.max_payload_bytes, self,
+                    access_log=settings.access_log)
