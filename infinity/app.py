@@ -90,7 +90,7 @@ def create_app(core: Core) -> Starlette:
     routes = [Route(e.path, _view(e), methods=[e.method]) for e in core.routes]
     guarded = {e.path: e.family for e in core.routes if e.protected}
     def failed(path: str) -> None:
-        service.metrics.failures.inc(core.route_label(path), "internal")
+        service.metrics.failed(core.route_label(path), "internal", 500)
 
     middleware = [Middleware(LastResort, failed=failed), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,

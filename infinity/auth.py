@@ -45,8 +45,7 @@ class ApiKeys:
             return
         state = scope.get("state") or {}
         if "service" in state:
-            state["service"].metrics.failures.inc(scope["path"], "unauthorized")
-            state["service"].metrics.requests.inc(scope["path"], "401")
+            state["service"].metrics.failed(scope["path"], "unauthorized", 401)
         response = family.failure(401, "a valid API key is required: send Authorization: Bearer <key>",
                                   "unauthorized", headers={"WWW-Authenticate": 'Bearer realm="infinity"'})
         await response(scope, receive, send)

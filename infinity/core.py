@@ -64,7 +64,7 @@ class Core:
             return await respond(self.inference[path], self.service, read, gone=gone, place=place)
         except Exception:
             log.exception("unhandled error on POST %s", path)
-            self.service.metrics.failures.inc(path, "internal")
+            self.service.metrics.failed(path, "internal", 500)
             return HF.failure(500, "internal server error", "internal")
 
     def closed(self, path: str) -> None:
@@ -99,7 +99,7 @@ class Core:
         return Gate(answers={f"POST {path} ".encode(): self.refusal(endpoint)
                              for path, endpoint in self.inference.items()},
                     full=lambda: self.service.full, authorized=self.authorized, error=self.error,
-                    refused=lambda path: metrics.refused(path.decode("latin-1")), rejected=metrics.rejected.inc)
+                    refused=lambda path: metrics.refused(path.decode("latin-1")), rejected=metrics.count_rejection)
 
     def lane(self) -> Lane:
         settings = self.service.settings

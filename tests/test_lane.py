@@ -77,12 +77,14 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
     (b"POST /predict HTTP/1.1\r\nHost:x\xe9\tz\r\nContent-Length:7\r\n\r\n", 7),  # what the parser takes, too
     (b"POST /predict HTTP/1.0\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict extra HTTP/1.1\r\nContent-Length: 12\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nConnection: close\r\nContent-Length: 12\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 12\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 12\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nContent-Length: 12\r\nContent-Length: 13\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nContent-Length: -1\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 12\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nContent-Length: 13\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nContent-Length: 12\r\n\r\n", None),  # HTTP/1.1 without Host: the parser refuses it
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nHost: x\r\n\r\n", None),
     # malformed heads, which the parser refuses with 400
     (b"POST /predict HTTP/1.1\nHost: x\nContent-Length: 7\n\n", None),
@@ -203,7 +205,7 @@ def test_a_client_that_leaves_while_queued_is_counted_and_costs_no_compute(minil
         rows_before = metric(started, "infinity_batch_size_sum")
         running_one, queued = _busy_then_queued(started)
         queued.close()
-        until(lambda: metric(started, 'infinity_failures_total{route="/predict",error_type="client_closed"}') == 1)
+        until(lambda: metric(started, 'infinity_failures_total{error_type="client_closed",route="/predict"}') == 1)
         with running_one:
             head, body = Reader(running_one).response()
         assert b" 200 " in head.split(b"\r\n")[0] and len(orjson.loads(body)) == 32

@@ -146,7 +146,8 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
                  "infinity_queue_duration_seconds_bucket", "infinity_tokenization_duration_seconds_sum",
                  "infinity_inference_duration_seconds_count", "infinity_batch_size_bucket",
                  "infinity_batch_tokens_bucket", "infinity_queue_depth 0",
-                 'infinity_requests_total{route="/predict",status="200"} 1'):
+                 'infinity_requests_total{route="/predict",status="200"} 1',
+                 "process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
         assert name in metrics.text
     predict = spec["paths"]["/predict"]["post"]
     request = predict["requestBody"]["content"]["application/json"]["schema"]

@@ -177,7 +177,7 @@ def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: Lo
     assert int(refused.headers["retry-after"]) >= 1
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert session.rows == [1, 2]  # the two queued requests shared one batch
-    assert 'infinity_failures_total{route="/predict",error_type="overloaded"} 1' in client.get("/metrics").text
+    assert 'infinity_failures_total{error_type="overloaded",route="/predict"} 1' in client.get("/metrics").text
 
 
 def test_lone_small_requests_run_on_the_event_loop_and_overlapping_ones_on_the_engine_thread(
@@ -230,7 +230,7 @@ def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: Test
     assert client.get("/health/ready").status_code == 200  # a real probe pass brings it back
     assert len(session.rows) == rows_before + 1
     assert client.post("/predict", json={"inputs": "after recovery"}).status_code == 200
-    assert 'infinity_failures_total{route="/predict",error_type="backend"} 3' in client.get("/metrics").text
+    assert 'infinity_failures_total{error_type="backend",route="/predict"} 3' in client.get("/metrics").text
 
 
 def test_a_client_that_disconnects_while_queued_costs_no_compute(model: LoadedModel,

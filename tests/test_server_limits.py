@@ -59,7 +59,7 @@ def refusals(server: Server, reason: str) -> int:
     """The server's own count of socket answers for `reason`, from /metrics."""
     metrics = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
     line = f'infinity_socket_refusals_total{{reason="{reason}"}} '
-    return next((int(row[len(line):]) for row in metrics.splitlines() if row.startswith(line)), 0)
+    return next((int(float(row[len(line):])) for row in metrics.splitlines() if row.startswith(line)), 0)
 
 
 def head_of(size: int) -> bytes:
@@ -228,6 +228,13 @@ def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(requ
     end = request_bytes.find(b"\r\n\r\n") + 4
     assert (gate.answer(request_bytes, end) is not None) is refused
     assert counted == ([b"/predict"] if refused else [])
+
+
+def test_a_request_without_a_valid_key_is_never_refused_on_the_socket() -> None:
+    """It goes to the app, which answers 401 before counting any place in flight."""
+    gate, counted = shedding(full=True, authorized=False)
+    request_bytes = post()
+    assert gate.answer(request_bytes, request_bytes.find(b"\r\n\r\n") + 4) is None and counted == []
 
 
 def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,

@@ -68,7 +68,7 @@ def test_a_client_that_leaves_mid_body_is_counted_as_client_closed(
             sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\": \"")
             time.sleep(0.1)
     deadline = time.monotonic() + WAIT
-    while 'error_type="client_closed"} 3' not in (metrics := httpx.get(f"http://127.0.0.1:{port}/metrics").text):
+    while 'error_type="client_closed",route="/predict"} 3' not in (metrics := httpx.get(f"http://127.0.0.1:{port}/metrics").text):
         assert time.monotonic() < deadline, metrics
         time.sleep(0.1)
     assert 'error_type="internal"' not in metrics

@@ -177,22 +177,20 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
                         "x-compute-tokens": str(result.tokens)})  # type: ignore[union-attr]
     else:
         headers["x-compute-time"] = _ms(done - answered)
-    service.metrics.request.observe(done - started, endpoint.path)
-    service.metrics.requests.inc(endpoint.path, "200")
+    service.metrics.request.labels(endpoint.path).observe(done - started)
+    service.metrics.answered(endpoint.path, 200)
     return JSONResponse(content, headers=headers)
 
 
 def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Response:
-    service.metrics.failures.inc(endpoint.path, exc.error_type)
-    service.metrics.requests.inc(endpoint.path, str(endpoint.family.status(exc.status_code)))
+    service.metrics.failed(endpoint.path, exc.error_type, endpoint.family.status(exc.status_code))
     headers = {"Retry-After": str(service.settings.retry_after)} if exc.status_code == 429 else None
     return endpoint.family.failure(exc.status_code, exc.message, exc.error_type, headers)
 
 
 def closed(endpoint: Endpoint, service: Service) -> Response:
     log.info("%s: the client disconnected before its answer was ready", endpoint.path)
-    service.metrics.failures.inc(endpoint.path, "client_closed")
-    service.metrics.requests.inc(endpoint.path, str(CLIENT_CLOSED))
+    service.metrics.failed(endpoint.path, "client_closed", CLIENT_CLOSED)
     return Response(status_code=CLIENT_CLOSED)
 
 

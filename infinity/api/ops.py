@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, JSONResponse
 from infinity.api.hf import HF
+from infinity.metrics import CONTENT_TYPE
 from infinity.service import Service
 
 PLAIN = {"type": "object"}
@@ -58,7 +59,7 @@ async def info(request: HTTPRequest) -> Response:
 
 
 async def metrics(request: HTTPRequest) -> Response:
-    return Response(request.state.service.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(request.state.service.metrics.render(), headers={"content-type": CONTENT_TYPE})
 
 
 async def openapi(request: HTTPRequest) -> Response:

@@ -16,6 +16,7 @@ PROTOCOL_METHODS = ("data_received", "send_400_response", "on_message_begin", "o
                     "timeout_keep_alive_handler", "_unset_keepalive_if_required")
 PROTOCOL_ATTRIBUTES = ("connections", "tasks", "server_state", "transport", "flow", "cycle", "pipeline", "parser",
                        "loop", "client", "scope", "headers", "timeout_keep_alive", "timeout_keep_alive_task")
+# set by the parser's callbacks: `url` (on_url) holds the target read so far
 CYCLE_ATTRIBUTES = ("response_started", "response_complete", "disconnected", "message_event")
 FLOW_METHODS = ("pause_reading", "resume_reading", "drain")
 FLOW_ATTRIBUTES = ("write_paused",)

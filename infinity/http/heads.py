@@ -59,14 +59,14 @@ def header(head: bytes, name: bytes) -> bytes | None:
 
 def declared_body(data: bytes, end: int) -> int | None:
     """The body length a plain HTTP/1.1 keep-alive POST head declares in its one content-length; None for
-    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0, malformed), which the parser
-    takes."""
+    any other head (chunked, Expect, Connection other than keep-alive, HTTP/1.0, no single Host, malformed),
+    which the parser takes."""
     if PLAIN_HEAD.fullmatch(data, 0, end) is None:
         return None
     head = data[:end]
     lowered = head.lower()
-    if b"\ntransfer-encoding:" in lowered or b"\nexpect:" in lowered:
-        return None
+    if b"\ntransfer-encoding:" in lowered or b"\nexpect:" in lowered or header(head, b"host") is None:
+        return None  # (and HTTP/1.1 needs exactly one Host: the parser's path refuses the others)
     if b"\nconnection:" in lowered and (header(head, b"connection") or b"").lower() != b"keep-alive":
         return None
     length = header(head, b"content-length")

@@ -265,8 +265,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _path(self) -> bytes:
         """The path of the request being refused, to answer in its route's shape (b"" if none is known)."""
-        if self.in_message and self.scope is not None and "path" in self.scope:
-            return self.scope["path"].encode("latin-1", "replace")
+        if self.in_message:
+            return bytes(getattr(self, "url", b"")).partition(b"?")[0]  # the target, as the parser has read it
         return target_of(self.head)
 
     def _reject(self, status: int, message: str, error_type: str, reason: str, extra: str = "") -> None:
