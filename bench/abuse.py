@@ -162,6 +162,40 @@ async def stalled_bodies(port: int, seconds: float) -> str:
                                     b"Content-Length: 1000\r\n\r\n{\"inputs\": \"", None)
 
 
+STALLED_HEADS = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nConnection: close\r\n\r\n",
+                 b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                 b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n")
+
+
+async def stalled_lockout(port: int, seconds: float, per_head: int = 70) -> str:
+    """More stalled bodies than the default places in flight (128 queued + 32 in a batch): 70 clients for each
+    head that announce a body and never send it, each opening a new connection at once when answered."""
+    deadline = time.monotonic() + seconds
+    answered: dict[str, int] = {}
+
+    async def client(head: bytes) -> None:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), left)
+            except (OSError, asyncio.TimeoutError):
+                return
+            writer.write(head)
+            try:
+                line = await asyncio.wait_for(first_line(reader), max(0.01, deadline - time.monotonic()))
+                while line.startswith(b"HTTP/1.1 100 "):  # an interim answer: the client still owes its body
+                    await reader.readline()
+                    line = await asyncio.wait_for(first_line(reader), max(0.01, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                line = None
+            writer.close()
+            if line is None:
+                return
+            answered[_status(line)] = answered.get(_status(line), 0) + 1
+
+    await asyncio.gather(*(client(head) for head in STALLED_HEADS for _ in range(per_head)))
+    return f"answered before the end: {_errors(answered) or 'none'}"
+
+
 async def disconnect_storm(port: int, seconds: float) -> str:
     """Clients that send a whole request (or half of one) and hang up at once."""
     head = (f"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
@@ -370,7 +404,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "disconnect-storm", "concurrency",
+SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "stalled-lockout", "disconnect-storm", "concurrency",
              "retry-storm", "soak")
 
 
@@ -423,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         if "stalled-bodies" in chosen:
             did, normal = asyncio.run(during(port, max(seconds, STALL_S), lambda: stalled_bodies(port, seconds)))
             record("stalled bodies", "40 requests whose body stops after 12 bytes", did, normal)
+        if "stalled-lockout" in chosen:
+            did, normal = asyncio.run(during(port, seconds, lambda: stalled_lockout(port, seconds)))
+            record("stalled-body lock-out", "210 clients whose heads (Connection: close, chunked, Expect) announce a "
+                   "body that never comes; each reconnects once answered",
+                   did, normal)
         if "disconnect-storm" in chosen:
             did, normal = asyncio.run(during(port, seconds, lambda: disconnect_storm(port, seconds)))
             _, metrics, _ = asyncio.run(_get(port, "/metrics"))
