@@ -67,3 +67,14 @@ def minilm_fp32_artifact(artifacts: ArtifactCache) -> Path:
 @pytest.fixture(scope="session")
 def minilm_int8_artifact(artifacts: ArtifactCache) -> Path:
     return artifacts.artifact("feature-extraction", "int8")
+
+
+SLOW_FIXTURES = {"artifact_for", "minilm_int8_artifact"}  # build INT8 or other tasks' artifacts
+SLOW_MODULES = {"test_containers", "test_optimize"}  # build container images; optimize models in the test
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`pytest -m "not slow"` is the inner loop: everything that needs only the MiniLM fp32 artifact."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__.split(".")[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
