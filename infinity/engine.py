@@ -52,9 +52,8 @@ class Engine:
                  "token_type_ids": batch.token_type_ids}
         inputs = {name: feeds[name] for name in self.input_names}
         try:
-            if quiet:
-                return self.session.run([self.output_name], inputs, QUIET)[0]
-            return self.session.run([self.output_name], inputs)[0]
+            outputs: list[np.ndarray] = self.session.run([self.output_name], inputs, QUIET if quiet else None)
+            return outputs[0]
         except Exception as exc:  # onnxruntime raises its own untyped errors
             # clients get onnxruntime's reason, not the graph's node names (its own log line keeps those)
             raise EngineError(f"inference failed: {NODE_NAME.sub('', str(exc))}") from exc

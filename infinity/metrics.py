@@ -4,16 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest)
-from prometheus_client import disable_created_metrics
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-disable_created_metrics()  # no *_created series: a scrape carries the values alone
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: a scrape carries the values alone
 
 
 class Metrics:

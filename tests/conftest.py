@@ -76,5 +76,6 @@ SLOW_MODULES = {"test_containers", "test_optimize"}  # build container images; o
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`pytest -m "not slow"` is the inner loop: everything that needs only the MiniLM fp32 artifact."""
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.module.__name__.split(".")[-1] in SLOW_MODULES:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)

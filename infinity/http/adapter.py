@@ -32,8 +32,8 @@ def missing() -> list[str]:
         state = ServerState()
         protocol = HttpToolsProtocol(Config(app=_nothing), state, {}, _loop=loop)
         transport = _Transport()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        cycle = RequestResponseCycle(scope={}, transport=transport, flow=protocol.flow,  # type: ignore[arg-type]
+        protocol.connection_made(transport)
+        cycle = RequestResponseCycle(scope={}, transport=transport, flow=protocol.flow,  # type: ignore[typeddict-item]
                                      logger=protocol.logger, access_logger=protocol.access_logger, access_log=False,
                                      default_headers=[], message_event=asyncio.Event(),
                                      expect_100_continue=False, keep_alive=True, on_response=lambda: None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,8 +38,8 @@ class Core(Protocol):
     def admit(self, path: str) -> Place | Response:
         """A place in flight, or the route's refusal (429, 503)."""
 
-    def serve(self, path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Awaitable[Response]:
-        """The answer to a whole body; `gone` says whether the client has left."""
+    async def serve(self, path: str, body: bytes, place: Any, gone: Callable[[], bool]) -> Response:
+        """The answer to a whole body, with the place admit() gave; `gone` says whether the client has left."""
 
     def closed(self, path: str) -> None:
         """Counts a client that left before its answer was ready."""
@@ -62,7 +62,7 @@ def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: 
         lines += [name, b": ", value, b"\r\n"]
     if close:
         lines.append(b"connection: close\r\n")
-    lines += [b"\r\n", response.body]
+    lines += [b"\r\n", bytes(response.body)]
     return b"".join(lines)
 
 
@@ -159,7 +159,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
 
     def _write(self, path: str, response: Response) -> None:
         if self.lane.access_log:  # logged first, so that a client that has its answer finds the line
-            client = "%s:%d" % self.client if self.client else "-"
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
             # uvicorn's access-log formatter reads exactly these five arguments
             access.info('%s - "%s %s HTTP/%s" %d', client, "POST", path, "1.1", response.status_code)
         self.transport.write(wire(response, self.server_state.default_headers, self.closing))

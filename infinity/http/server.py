@@ -82,8 +82,9 @@ def run(app: ASGIApp, settings: Settings, sock: socket.socket, gate: Gate, lane:
     http = lane_protocol(protocol_class(limits(settings), gate), lane)
     config = uvicorn.Config(app, http=http, ws="none", lifespan="on",
                             log_level=settings.log_level, access_log=settings.access_log,
+                            # uvicorn annotates these as int; it passes them to call_later and wait_for
                             timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=settings.drain_timeout)
+                            timeout_graceful_shutdown=settings.drain_timeout)  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it shut down on; a quiet handler makes that a clean exit 0
     for sig in (signal.SIGTERM, signal.SIGINT):
