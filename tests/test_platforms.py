@@ -327,3 +327,13 @@ def test_a_vertex_route_that_another_route_has_is_refused_at_start(minilm_fp32_a
                           env=environ, capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 1
     assert "the Vertex AI predict route /predict is taken by another route" in done.stderr
+
+
+def test_a_request_past_request_timeout_is_answered_504(minilm_fp32_artifact: Path, tmp_path: Path) -> None:
+    long_texts = [f"sentence {i} " + "about cats and mats " * 40 for i in range(32)]  # tokenized off the event loop
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--request-timeout", "0.000001") as server:
+        late = post(server.url + "/invocations", {"inputs": long_texts})
+        assert late.status_code == 504 and late.json()["error_type"] == "timeout"
+        assert "request_timeout" in late.json()["error"]
+    with running(minilm_fp32_artifact, tmp_path / "server.log") as server:
+        assert post(server.url + "/invocations", {"inputs": long_texts}).status_code == 200
