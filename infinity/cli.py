@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from starlette.types import ASGIApp
+
 from infinity import logs
 from infinity.hostinfo import physical_cores
 from infinity.preflight import StartupError, check, open_checked
@@ -62,6 +64,9 @@ HELP = {
                        "(health probes never need one)",
     "json_logs": "log one JSON object per line, and one line per request with its x-request-id, route, status "
                  "and timings",
+    "otlp_endpoint": "export a trace span per request to this OTLP/HTTP collector, e.g. http://collector:4318 "
+                     "(needs the otel extra; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+                     "set it too)",
     "request_timeout": "seconds an inference request may take before it is answered 504; 0: no limit "
                        f"({SAGEMAKER_TIMEOUT_S:g} under SageMaker)",
     "vertex_predict_route": "route of Vertex AI's predict requests (Vertex sets AIP_PREDICT_ROUTE)",
@@ -149,6 +154,9 @@ def platform(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict
         decided.update((name, (environ[variable], variable)) for name, variable in vertex.items()
                        if environ.get(variable))
         implied.update(host="0.0.0.0", max_payload_bytes=str(VERTEX_PAYLOAD_BYTES))
+    collector = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if collector:  # OpenTelemetry's own variables, as every SDK reads them
+        implied["otlp_endpoint"] = collector
     return decided, implied
 
 
@@ -197,9 +205,21 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     return artifact
 
 
+def per_request(app: ASGIApp, settings: Settings) -> ASGIApp:
+    """The app inside what the settings add to every request (each needs the ASGI path); the app itself if none."""
+    if settings.otlp_endpoint:
+        from infinity.tracing import Tracing
+
+        app = Tracing(app, settings.otlp_endpoint)
+    if settings.json_logs:
+        from infinity.logs import RequestLog
+
+        app = RequestLog(app)
+    return app
+
+
 def serve(directory: Path, settings: Settings) -> int:
     from infinity.app import create_app
-    from infinity.logs import RequestLog
     from infinity.server import bind, run
 
     threads = settings.threads or physical_cores()
@@ -209,9 +229,8 @@ def serve(directory: Path, settings: Settings) -> int:
     try:
         model = open_checked(directory, settings, threads)
         app = create_app(model, settings)
-        if settings.json_logs:  # every request through the ASGI stack, where its line is written
-            return run(RequestLog(app), settings, sock, app.state.shedding, None)
-        return run(app, settings, sock, app.state.shedding, app.state.lane)
+        outer = per_request(app, settings)
+        return run(outer, settings, sock, app.state.shedding, app.state.lane if outer is app else None)
     finally:
         sock.close()
 

@@ -20,6 +20,11 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 request_log = logging.getLogger("infinity.request")
 
 
+def timings(headers: list[tuple[bytes, bytes]]) -> dict[str, float]:
+    """The stage timings (milliseconds) an answer's headers carry, by field name."""
+    return {TIMINGS[name]: float(value) for name, value in headers if name in TIMINGS}
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -64,9 +69,7 @@ class RequestLog:
             if message["type"] == "http.response.start":
                 fields["status"] = message["status"]
                 headers = list(message.get("headers", []))
-                for name, value in headers:
-                    if name in TIMINGS:
-                        fields[TIMINGS[name]] = float(value)
+                fields.update(timings(headers))
                 message["headers"] = [*headers, (b"x-request-id", request_id.encode("latin-1"))]
             await send(message)
 

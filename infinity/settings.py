@@ -42,6 +42,7 @@ class Settings:
     api_keys: tuple[str, ...] = ()  # any of them opens the inference routes; none: no authentication
     public_metadata: bool = False  # /info, /metrics, /openapi.json and /v1/models open without a key
     json_logs: bool = False  # one JSON object per log line, and a request id and log line per request
+    otlp_endpoint: str | None = None  # an OTLP/HTTP collector for traces; None: no tracing
     request_timeout: float = 0.0  # seconds an inference request may wait for the engine; 0: no limit
     vertex_predict_route: str = "/vertex/predict"  # Vertex AI sets these through AIP_PREDICT_ROUTE ...
     vertex_health_route: str = "/vertex/health"  # ... and AIP_HEALTH_ROUTE

@@ -9,9 +9,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +339,86 @@ def test_a_request_past_request_timeout_is_answered_504(minilm_fp32_artifact: Pa
         assert "request_timeout" in late.json()["error"]
     with running(minilm_fp32_artifact, tmp_path / "server.log") as server:
         assert post(server.url + "/invocations", {"inputs": long_texts}).status_code == 200
+
+
+# OpenTelemetry traces
+
+
+class Collector(ThreadingHTTPServer):
+    """An OTLP/HTTP receiver: keeps every span posted to /v1/traces."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), CollectorHandler)
+        self.spans: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class CollectorHandler(BaseHTTPRequestHandler):
+    server: Collector
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+        self.server.spans += [span for resource in request.resource_spans for scope in resource.scope_spans
+                              for span in scope.spans]
+        self.send_response(200 if self.path == "/v1/traces" else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def collector() -> Iterator[Collector]:
+    server = Collector()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_request_becomes_a_span_with_its_stages_under_the_callers_trace(minilm_fp32_artifact: Path, tmp_path: Path,
+                                                                         collector: Collector) -> None:
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    with running(minilm_fp32_artifact, tmp_path / "server.log", env=env) as server:
+        answer = post(server.url + "/predict", {"inputs": TEXTS}, traceparent=f"00-{trace_id}-{parent_id}-01")
+        assert answer.status_code == 200
+        deadline = time.monotonic() + 10
+        while not any(span.name == "POST /predict" for span in collector.spans) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (request,) = [span for span in collector.spans if span.name == "POST /predict"]
+    assert request.trace_id.hex() == trace_id and request.parent_span_id.hex() == parent_id
+    assert request.kind == request.SPAN_KIND_SERVER
+    children = sorted((span for span in collector.spans if span.parent_span_id == request.span_id),
+                      key=lambda span: span.start_time_unix_nano)
+    assert [span.name for span in children] == ["tokenization", "queue", "inference", "post-processing"]
+    for earlier, later in zip(children, children[1:]):
+        assert earlier.end_time_unix_nano == later.start_time_unix_nano
+    assert request.start_time_unix_nano <= children[0].start_time_unix_nano
+    assert children[-1].end_time_unix_nano <= request.end_time_unix_nano
+    inference = children[2]
+    assert abs((inference.end_time_unix_nano - inference.start_time_unix_nano) / 1e6
+               - float(answer.headers["x-inference-time"])) < 0.001
+    assert all(span.trace_id.hex() == trace_id for span in children)
+
+
+def test_with_tracing_off_requests_pass_through_nothing() -> None:
+    from starlette.applications import Starlette
+
+    from infinity.cli import per_request
+    from infinity.settings import Settings
+
+    app = Starlette()
+    assert per_request(app, Settings()) is app  # the short lane stays, and no span is ever made
+    assert per_request(app, Settings(otlp_endpoint="http://127.0.0.1:1")) is not app
+    imports = "import sys, infinity.cli, infinity.app, infinity.api; print(sorted(m for m in sys.modules if 'opentel' in m))"
+    lean = subprocess.run([sys.executable, "-c", imports], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    assert lean.stdout.strip() == "[]", lean.stderr
