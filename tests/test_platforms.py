@@ -153,6 +153,17 @@ def test_vertex_ranks_each_instance_as_predict_does(ranker: str) -> None:
     assert answer.json() == {"predictions": [alone]}
 
 
+def test_vertex_gives_each_instance_its_entities_as_predict_does(artifact_for: Any, tmp_path: Path) -> None:
+    with running(artifact_for("token-classification"), tmp_path / "server.log") as server:
+        body = {"instances": TEXTS, "parameters": {"aggregation_strategy": "simple"}}
+        answer = post(server.url + "/vertex/predict", body)
+        assert answer.status_code == 200, answer.text
+        alone = [post(server.url + "/predict", {"inputs": text, "parameters": {"aggregation_strategy": "simple"}})
+                 .json() for text in TEXTS]
+        assert httpx.get(server.url + "/v2/models/model").status_code == 404  # no tensors for this task
+    assert answer.json() == {"predictions": alone}
+
+
 # KServe Open Inference Protocol v2
 
 
