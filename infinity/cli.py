@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
-    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT); `{SAGEMAKER_START}` alone: "
-                       f"SageMaker's start, serving {SAGEMAKER_MODEL_DIR} (or SM_MODEL_DIR) if it holds an artifact")
+    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT); "
+                       f"`{SAGEMAKER_START}` alone: SageMaker's start, serving {SAGEMAKER_MODEL_DIR} (or "
+                       "SM_MODEL_DIR) if it holds an artifact")
     serve.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
                        help=f"require Authorization: Bearer KEY on inference routes; repeat for several keys "
                             f"[env {ENV_PREFIX}API_KEY, comma-separated]")

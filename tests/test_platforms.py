@@ -5,6 +5,7 @@ Inference Protocol through tritonclient, and the JSON log lines with request ids
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import subprocess
@@ -335,9 +336,10 @@ def test_serve_alone_takes_sagemakers_model_dir_only_if_it_holds_an_artifact(tmp
 
 
 def test_a_vertex_route_that_another_route_has_is_refused_at_start(minilm_fp32_artifact: Path) -> None:
-    environ = {**os.environ, "INFINITY_THREADS": "1", "AIP_HTTP_PORT": str(free_port()), "AIP_PREDICT_ROUTE": "/predict"}
-    done = subprocess.run([sys.executable, "-m", "infinity", "serve", str(minilm_fp32_artifact)], cwd=ROOT,
-                          env=environ, capture_output=True, text=True, timeout=WAIT)
+    environ = {**os.environ, "INFINITY_THREADS": "1", "AIP_HTTP_PORT": str(free_port()),
+               "AIP_PREDICT_ROUTE": "/predict"}
+    done = subprocess.run([sys.executable, "-m", "infinity", "serve", str(minilm_fp32_artifact)], check=False,
+                          cwd=ROOT, env=environ, capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 1
     assert "the Vertex AI predict route /predict is taken by another route" in done.stderr
 
@@ -370,7 +372,7 @@ class Collector(ThreadingHTTPServer):
 class CollectorHandler(BaseHTTPRequestHandler):
     server: Collector
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
         request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
@@ -411,7 +413,7 @@ def test_a_request_becomes_a_span_with_its_stages_under_the_callers_trace(minilm
     children = sorted((span for span in collector.spans if span.parent_span_id == request.span_id),
                       key=lambda span: span.start_time_unix_nano)
     assert [span.name for span in children] == ["tokenization", "queue", "inference", "post-processing"]
-    for earlier, later in zip(children, children[1:]):
+    for earlier, later in itertools.pairwise(children):
         assert earlier.end_time_unix_nano == later.start_time_unix_nano
     assert request.start_time_unix_nano <= children[0].start_time_unix_nano
     assert children[-1].end_time_unix_nano <= request.end_time_unix_nano
@@ -430,6 +432,8 @@ def test_with_tracing_off_requests_pass_through_nothing() -> None:
     app = Starlette()
     assert per_request(app, Settings()) is app  # the short lane stays, and no span is ever made
     assert per_request(app, Settings(otlp_endpoint="http://127.0.0.1:1")) is not app
-    imports = "import sys, infinity.cli, infinity.app, infinity.api; print(sorted(m for m in sys.modules if 'opentel' in m))"
-    lean = subprocess.run([sys.executable, "-c", imports], cwd=ROOT, capture_output=True, text=True, timeout=WAIT)
+    imports = ("import sys, infinity.cli, infinity.app, infinity.api; "
+               "print(sorted(m for m in sys.modules if 'opentel' in m))")
+    lean = subprocess.run([sys.executable, "-c", imports], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=WAIT)
     assert lean.stdout.strip() == "[]", lean.stderr

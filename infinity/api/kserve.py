@@ -53,7 +53,8 @@ class Tensors:
 
 def tensors(task: Task) -> Tensors | None:
     if isinstance(task, FeatureExtraction):
-        return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1], lambda named: Request(named["text"]),
+        return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1],
+                       lambda named: Request(list(named["text"])),
                        lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
                                                        params.get("dimensions")))
     if isinstance(task, SequenceClassification):
