@@ -60,7 +60,7 @@ HELP = {
     "allow_failed_parity": "serve an artifact whose parity check failed",
     "log_level": "debug, info, warning or error",
     "access_log": "log every request",
-    "public_metadata": "serve /info, /metrics, /openapi.json and /v1/models without an API key "
+    "public_metadata": "serve /info, /metrics, /openapi.json, /v1/models and KServe's /v2 metadata without an API key "
                        "(health probes never need one)",
     "json_logs": "log one JSON object per line, and one line per request with its x-request-id, route, status "
                  "and timings",

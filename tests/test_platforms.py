@@ -168,8 +168,9 @@ def test_vertex_gives_each_instance_its_entities_as_predict_does(artifact_for: A
 # KServe Open Inference Protocol v2
 
 
-def model_name(url: str) -> str:
-    return str(httpx.get(url + "/info").json()["model"]["id"])
+def model_name(url: str, key: str = "") -> str:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return str(httpx.get(url + "/info", headers=headers).json()["model"]["id"])
 
 
 def texts_input(name: str, texts: list[str]) -> triton.InferInput:
@@ -254,6 +255,21 @@ def test_openapi_lists_every_platform_route(vertex: str) -> None:
             documented = jsonschema.Draft4Validator(schema).is_valid(body)
             status = post(vertex + path, body).status_code
             assert documented == (status == 200), (path, body, status)
+
+
+def test_api_keys_guard_the_platform_routes_but_not_their_probes(minilm_fp32_artifact: Path, tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--api-key", "k1") as server:
+        name = model_name(server.url, key="k1")
+        for path in ("/ping", "/vertex/health", "/v2/health/live", "/v2/health/ready", f"/v2/models/{name}/ready"):
+            assert httpx.get(server.url + path).status_code == 200, path
+        for path in ("/v2", f"/v2/models/{name}"):
+            assert httpx.get(server.url + path).status_code == 401, path
+        text = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}
+        for path, body in (("/invocations", {"inputs": "a"}), ("/vertex/predict", {"instances": ["a"]}),
+                           (f"/v2/models/{name}/infer", {"inputs": [text]})):
+            refused = post(server.url + path, body)
+            assert refused.status_code == 401 and "API key" in refused.json()["error"], path
+            assert post(server.url + path, body, authorization="Bearer k1").status_code == 200, path
 
 
 # the InferenceService manifest

@@ -24,7 +24,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     served += [openai.models(model.manifest, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
                tei.decode(tokenizer, limit)]
     served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)
-    served += kserve.endpoints(task, model.manifest.public_model_id, limit)
+    served += kserve.endpoints(task, model.manifest.public_model_id, limit, settings.public_metadata)
     return served + platform_routes(served, task, limit, settings)
 
 

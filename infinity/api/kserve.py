@@ -138,7 +138,7 @@ async def _ready(request: HTTPRequest) -> bool:
     return bool(await request.state.service.ready())
 
 
-def endpoints(task: Task, name: str, limit: int) -> list[Endpoint]:
+def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[Endpoint]:
     async def live(request: HTTPRequest) -> Response:
         return JSONResponse({"live": True})
 
@@ -160,7 +160,8 @@ def endpoints(task: Task, name: str, limit: int) -> list[Endpoint]:
                        protected=False),
               Endpoint("/v2/health/ready", KSERVE, "Model warmed up and healthy (KServe)", PLAIN, view=ready,
                        method="GET", protected=False, errors=unready),
-              Endpoint("/v2", KSERVE, "Server metadata (KServe)", PLAIN, view=server, method="GET")]
+              Endpoint("/v2", KSERVE, "Server metadata (KServe)", PLAIN, view=server, method="GET",
+                       protected=not public_metadata)]
     spec = tensors(task)
     if spec is None:
         return served
@@ -172,7 +173,7 @@ def endpoints(task: Task, name: str, limit: int) -> list[Endpoint]:
 
     return served + [
         Endpoint(f"/v2/models/{name}", KSERVE, "Model metadata: its input and output tensors (KServe)", PLAIN,
-                 view=metadata, method="GET"),
+                 view=metadata, method="GET", protected=not public_metadata),
         Endpoint(f"/v2/models/{name}/ready", KSERVE, "Model ready (KServe)", PLAIN, view=model_ready, method="GET",
                  protected=False, errors=unready),
         infer(task, spec, name, limit)]
