@@ -213,9 +213,7 @@ def per_request(app: ASGIApp, settings: Settings) -> ASGIApp:
 
         app = Tracing(app, settings.otlp_endpoint)
     if settings.json_logs:
-        from infinity.logs import RequestLog
-
-        app = RequestLog(app)
+        app = logs.RequestLog(app)
     return app
 
 
