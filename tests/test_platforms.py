@@ -420,10 +420,17 @@ def test_a_request_becomes_a_span_with_its_stages_under_the_callers_trace(minilm
     with running(minilm_fp32_artifact, tmp_path / "server.log", env=env) as server:
         answer = post(server.url + "/predict", {"inputs": TEXTS}, traceparent=f"00-{trace_id}-{parent_id}-01")
         assert answer.status_code == 200
+        assert post(server.url + "/predict", {"input": TEXTS}).status_code == 422
         deadline = time.monotonic() + 10
-        while not any(span.name == "POST /predict" for span in collector.spans) and time.monotonic() < deadline:
+        while len([span for span in collector.spans if span.name == "POST /predict"]) < 2 \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-    (request,) = [span for span in collector.spans if span.name == "POST /predict"]
+    requests = [span for span in collector.spans if span.name == "POST /predict"]
+    (request,) = [span for span in requests if span.trace_id.hex() == trace_id]
+    (refused,) = [span for span in requests if span.trace_id.hex() != trace_id]
+    assert not refused.parent_span_id  # no caller's trace: a trace of its own
+    assert {(a.key, a.value.int_value) for a in refused.attributes} >= {("http.response.status_code", 422)}
+    assert not [span for span in collector.spans if span.parent_span_id == refused.span_id]
     assert request.trace_id.hex() == trace_id and request.parent_span_id.hex() == parent_id
     assert request.kind == request.SPAN_KIND_SERVER
     children = sorted((span for span in collector.spans if span.parent_span_id == request.span_id),
