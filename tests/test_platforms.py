@@ -197,11 +197,14 @@ def test_kserve_v2_client_gets_the_embeddings_predict_gives(vertex: str) -> None
 
 def test_kserve_answers_bad_tensors_and_unknown_models_in_its_error_shape(vertex: str) -> None:
     client = triton.InferenceServerClient(vertex.removeprefix("http://"))
-    with pytest.raises(InferenceServerException, match="unknown input 'sentence'"):
+    with pytest.raises(InferenceServerException, match="unknown or repeated input 'sentence'"):
         client.infer(model_name(vertex), [texts_input("sentence", TEXTS)])
     url = f"{vertex}/v2/models/{model_name(vertex)}/infer"
     wrong_shape = post(url, {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": TEXTS}]})
     assert wrong_shape.status_code == 400 and "shape [3] but 2 elements" in wrong_shape.json()["error"]
+    text = {"name": "text", "shape": [2], "datatype": "BYTES", "data": TEXTS}
+    twice = post(url, {"inputs": [text, text]})
+    assert twice.status_code == 400 and "repeated input 'text'" in twice.json()["error"]
     assert httpx.get(f"{vertex}/v2/models/another-model/ready").status_code == 404
 
 

@@ -96,15 +96,16 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
     parameters = Object({**task.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
-    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(limit), max_items=len(spec.inputs)),
+    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(limit)),
                      "outputs": Array(requested, max_items=1), "parameters": parameters},
                     required=("inputs",), fill_defaults=False)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         named: dict[str, list[str]] = {}
         for tensor in body["inputs"]:
-            if tensor["name"] not in spec.inputs:
-                raise ValidationError(f"unknown input {tensor['name']!r}; this model takes {', '.join(spec.inputs)}")
+            if tensor["name"] not in spec.inputs or tensor["name"] in named:
+                raise ValidationError(f"unknown or repeated input {tensor['name']!r}; this model takes "
+                                      f"{', '.join(spec.inputs)}, each once")
             if int(np.prod(tensor["shape"])) != len(tensor["data"]):
                 raise ValidationError(f"input {tensor['name']!r} has shape {tensor['shape']} but "
                                       f"{len(tensor['data'])} elements")
