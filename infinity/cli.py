@@ -1,4 +1,9 @@
-"""`infinity serve <artifact>`: every setting is a flag and an INFINITY_<NAME> variable (the flag wins)."""
+"""`infinity serve <artifact>`: every setting is a flag and an INFINITY_<NAME> variable (the flag wins).
+
+Managed platforms name some settings in their own variables: SageMaker (started as `<image> serve`, or with
+SAGEMAKER_BIND_TO_PORT) and Vertex AI (AIP_HTTP_PORT, AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE). What the platform
+decides (port, routes) beats INFINITY_* variables; what it implies (listen on every interface, its payload and
+time limits) only replaces the defaults."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +18,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from starlette.types import ASGIApp
+
+from infinity import logs
 from infinity.hostinfo import physical_cores
 from infinity.preflight import StartupError, check, open_checked
 from infinity.settings import Settings
 
 ENV_PREFIX = "INFINITY_"
+SAGEMAKER_START = "serve"  # SageMaker runs the image with this one argument
+SAGEMAKER_MODEL_DIR = "/opt/ml/model"  # where SageMaker unpacks the model data (SM_MODEL_DIR moves it)
+SAGEMAKER_PAYLOAD_BYTES = 6 * 1024 * 1024  # InvokeEndpoint's body limit for real-time endpoints
+SAGEMAKER_TIMEOUT_S = 60.0  # ... and how long it waits for the container's answer
+VERTEX_PAYLOAD_BYTES = 1_572_864  # Vertex AI's 1.5 MB online prediction limit
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 HELP = {
@@ -47,8 +60,17 @@ HELP = {
     "allow_failed_parity": "serve an artifact whose parity check failed",
     "log_level": "debug, info, warning or error",
     "access_log": "log every request",
-    "public_metadata": "serve /info, /metrics, /openapi.json and /v1/models without an API key "
+    "public_metadata": "serve /info, /metrics, /openapi.json, /v1/models and KServe's /v2 metadata without an API key "
                        "(health probes never need one)",
+    "json_logs": "log one JSON object per line, and one line per request with its x-request-id, route, status "
+                 "and timings",
+    "otlp_endpoint": "export a trace span per request to this OTLP/HTTP collector, e.g. http://collector:4318 "
+                     "(needs the otel extra; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+                     "set it too)",
+    "request_timeout": "seconds an inference request may take before it is answered 504; 0: no limit "
+                       f"({SAGEMAKER_TIMEOUT_S:g} under SageMaker)",
+    "vertex_predict_route": "route of Vertex AI's predict requests (Vertex sets AIP_PREDICT_ROUTE)",
+    "vertex_health_route": "route of Vertex AI's health checks (Vertex sets AIP_HEALTH_ROUTE)",
 }
 
 
@@ -93,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
-    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT)")
+    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT); "
+                       f"`{SAGEMAKER_START}` alone: SageMaker's start, serving {SAGEMAKER_MODEL_DIR} (or "
+                       "SM_MODEL_DIR) if it holds an artifact")
     serve.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
                        help=f"require Authorization: Bearer KEY on inference routes; repeat for several keys "
                             f"[env {ENV_PREFIX}API_KEY, comma-separated]")
@@ -112,15 +136,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def on_sagemaker(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    return args.artifact == SAGEMAKER_START or "SAGEMAKER_BIND_TO_PORT" in environ
+
+
+def platform(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict[str, tuple[str, str]],
+                                                                            dict[str, str]]:
+    """(settings the platform decides, as (value, variable); defaults it implies)."""
+    decided: dict[str, tuple[str, str]] = {}
+    implied: dict[str, str] = {}
+    if on_sagemaker(args, environ):
+        decided["port"] = (environ.get("SAGEMAKER_BIND_TO_PORT") or "8080", "SAGEMAKER_BIND_TO_PORT")
+        implied.update(host="0.0.0.0", max_payload_bytes=str(SAGEMAKER_PAYLOAD_BYTES),
+                       request_timeout=str(SAGEMAKER_TIMEOUT_S))
+    vertex = {"port": "AIP_HTTP_PORT", "vertex_predict_route": "AIP_PREDICT_ROUTE",
+              "vertex_health_route": "AIP_HEALTH_ROUTE"}
+    if any(environ.get(variable) for variable in vertex.values()):
+        decided.update((name, (environ[variable], variable)) for name, variable in vertex.items()
+                       if environ.get(variable))
+        implied.update(host="0.0.0.0", max_payload_bytes=str(VERTEX_PAYLOAD_BYTES))
+    collector = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if collector:  # OpenTelemetry's own variables, as every SDK reads them
+        implied["otlp_endpoint"] = collector
+    return decided, implied
+
+
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     values: dict[str, Any] = {"api_keys": api_keys(args, environ)}
+    decided, implied = platform(args, environ)
     for field in _scalar_fields():
         env = ENV_PREFIX + field.name.upper()
         flag_value = getattr(args, field.name)
         if flag_value is not None:
             values[field.name] = _parse(_kind(field), flag_value, "--" + field.name.replace("_", "-"))
+        elif field.name in decided:
+            values[field.name] = _parse(_kind(field), *decided[field.name])
         elif environ.get(env, "") != "":
             values[field.name] = _parse(_kind(field), environ[env], env)
+        elif field.name in implied:
+            values[field.name] = _parse(_kind(field), implied[field.name], f"the default of {field.name}")
     try:
         return Settings(**values)
     except ValueError as exc:
@@ -138,6 +192,31 @@ def warn_if_open(settings: Settings) -> None:
             "(set --api-key or %sAPI_KEY)", settings.host, ENV_PREFIX)
 
 
+def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """The artifact named, else SageMaker's model directory if it holds one, else INFINITY_ARTIFACT."""
+    if args.artifact and args.artifact != SAGEMAKER_START:
+        return str(args.artifact)
+    if on_sagemaker(args, environ):
+        model_dir = environ.get("SM_MODEL_DIR") or SAGEMAKER_MODEL_DIR
+        if (Path(model_dir) / "manifest.json").is_file():
+            return model_dir
+    artifact = environ.get(ENV_PREFIX + "ARTIFACT")
+    if not artifact:
+        raise StartupError("no artifact directory given")
+    return artifact
+
+
+def per_request(app: ASGIApp, settings: Settings) -> ASGIApp:
+    """The app inside what the settings add to every request (each needs the ASGI path); the app itself if none."""
+    if settings.otlp_endpoint:
+        from infinity.tracing import Tracing
+
+        app = Tracing(app, settings.otlp_endpoint)
+    if settings.json_logs:
+        app = logs.RequestLog(app)
+    return app
+
+
 def serve(directory: Path, settings: Settings) -> int:
     from infinity.app import create_app
     from infinity.core import Core
@@ -150,7 +229,9 @@ def serve(directory: Path, settings: Settings) -> int:
     sock = bind(settings.host, settings.port)
     try:
         core = Core.build(open_checked(directory, settings, threads), settings)
-        return run(create_app(core), settings, sock, core.gate(), core.lane())
+        app = create_app(core)
+        outer = per_request(app, settings)  # request logs and traces wrap the app: requests then take its path
+        return run(outer, settings, sock, core.gate(), core.lane() if outer is app else None)
     finally:
         sock.close()
 
@@ -160,12 +241,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args, environ)
-        logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+        logs.setup(settings.log_level, settings.json_logs)
         warn_if_open(settings)
-        artifact = args.artifact or environ.get(ENV_PREFIX + "ARTIFACT")
-        if not artifact:
-            raise StartupError("no artifact directory given")
-        return serve(Path(artifact), settings)
+        return serve(Path(artifact_dir(args, environ)), settings)
     except StartupError as exc:
         print(f"infinity: error: {exc}", file=sys.stderr)
         return 1

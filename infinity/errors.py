@@ -36,6 +36,11 @@ class NotReady(InfinityError):
     error_type = "unhealthy"
 
 
+class TimedOut(InfinityError):
+    status_code = 504
+    error_type = "timeout"
+
+
 class BackendError(InfinityError):
     status_code = 500
     error_type = "backend"

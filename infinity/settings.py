@@ -41,6 +41,11 @@ class Settings:
     access_log: bool = False
     api_keys: tuple[str, ...] = ()  # any of them opens the inference routes; none: no authentication
     public_metadata: bool = False  # /info, /metrics, /openapi.json and /v1/models open without a key
+    json_logs: bool = False  # one JSON object per log line, and a request id and log line per request
+    otlp_endpoint: str | None = None  # an OTLP/HTTP collector for traces; None: no tracing
+    request_timeout: float = 0.0  # seconds an inference request may wait for the engine; 0: no limit
+    vertex_predict_route: str = "/vertex/predict"  # Vertex AI sets these through AIP_PREDICT_ROUTE ...
+    vertex_health_route: str = "/vertex/health"  # ... and AIP_HEALTH_ROUTE
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
@@ -69,5 +74,10 @@ class Settings:
             raise ValueError("max_inputs_per_request must not exceed max_batch_size")
         if any(not key or key != key.strip() or any(c in key for c in ", \n") for key in self.api_keys):
             raise ValueError("an API key must be non-empty, without spaces, commas or surrounding blanks")
+        if self.request_timeout < 0:
+            raise ValueError("request_timeout must not be negative")
+        for name in ("vertex_predict_route", "vertex_health_route"):
+            if not getattr(self, name).startswith("/"):
+                raise ValueError(f"{name} must start with /")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

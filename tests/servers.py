@@ -34,6 +34,20 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Until `url` answers 200; fails with the server's log if it exits first."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the server never became ready"
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+
+
 @contextmanager
 def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = None,
             preexec_fn: Callable[[], None] | None = None) -> Iterator[Server]:
@@ -46,16 +60,7 @@ def running(artifact: Path, log: Path, *args: str, env: dict[str, str] | None = 
                                     *args], cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT,
                                     preexec_fn=preexec_fn)
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server never became ready"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_until_ready(process, f"http://127.0.0.1:{port}/health/ready", log)
         yield Server(process, port, log)
     finally:
         if process.poll() is None:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import time
 
-from infinity.api import cohere, hf, openai, ops, tei
+from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
 from infinity.api.endpoint import Endpoint, not_served
 from infinity.model import LoadedModel
+from infinity.preflight import StartupError
 from infinity.settings import Settings
+from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.ranking import Ranking
 
@@ -21,7 +23,20 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
         served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
     served += [openai.models(model.manifest, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
                tei.decode(tokenizer, limit)]
-    return served + ops.endpoints(settings.public_metadata)
+    served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)
+    served += kserve.endpoints(task, model.manifest.public_model_id, limit, settings.public_metadata)
+    return served + platform_routes(served, task, limit, settings)
+
+
+def platform_routes(served: list[Endpoint], task: Task, limit: int, settings: Settings) -> list[Endpoint]:
+    """Vertex AI's routes, named by the deployment: a health route may be one we serve already, nothing else."""
+    paths = {endpoint.path: endpoint for endpoint in served}
+    predict, health = settings.vertex_predict_route, settings.vertex_health_route
+    if predict in paths or predict == health:
+        raise StartupError(f"the Vertex AI predict route {predict} is taken by another route; choose another")
+    if health in paths and paths[health].view is not ops.ready:
+        raise StartupError(f"the Vertex AI health route {health} is taken by another route; choose another")
+    return vertex.endpoints(task, limit, predict, health, set(paths))
 
 
 def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:

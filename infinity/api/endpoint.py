@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from infinity.errors import InfinityError, NotReady, PayloadTooLarge, ValidationError
+from infinity.errors import InfinityError, NotReady, PayloadTooLarge, TimedOut, ValidationError
 from infinity.schema import Schema
 from infinity.service import INLINE_CHARS, Place, Result, Service
 from infinity.tasks import Request
@@ -129,6 +129,19 @@ async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
                          lambda work: _unless_disconnected(request, work))
 
 
+def run(service: Service, core: Request) -> Awaitable[Result]:
+    """The core's answer; with a request_timeout, a 504 once it has passed (dropping the queued entry)."""
+    timeout = service.settings.request_timeout
+    return _within(service.run(core), timeout) if timeout else service.run(core)
+
+
+async def _within(work: Awaitable[Result], timeout: float) -> Result:
+    try:
+        return await asyncio.wait_for(work, timeout)
+    except asyncio.TimeoutError:
+        raise TimedOut(f"no answer within {timeout:g} s (request_timeout)") from None
+
+
 def _never() -> bool:
     return False
 
@@ -150,9 +163,9 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
                 if watch is None or service.batcher.idle:
                     # Nothing to wait behind: the request starts once tokenized, and a running batch is never
                     # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
-                    result = await service.run(core)
+                    result = await run(service, core)
                 else:
-                    result = await watch(service.run(core))
+                    result = await watch(run(service, core))
                     if result is None:
                         return closed(endpoint, service)
             answered = time.perf_counter()

@@ -78,8 +78,10 @@ def check_uvicorn() -> None:
                            "install the version pyproject.toml names")
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane) -> int:
-    http = lane_protocol(protocol_class(limits(settings), gate), lane)
+def run(app: ASGIApp, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+    http = protocol_class(limits(settings), gate)
+    if lane is not None:
+        http = lane_protocol(http, lane)
     config = uvicorn.Config(app, http=http, ws="none", lifespan="on",
                             log_level=settings.log_level, access_log=settings.access_log,
                             # uvicorn annotates these as int; it passes them to call_later and wait_for

@@ -1,0 +1,180 @@
+"""KServe's Open Inference Protocol (v2) over HTTP/JSON: health, server and model metadata, and /infer taking
+BYTES text tensors and answering FP32 tensors. The model routes carry the served model's name literally, so
+every other name is a 404 like any unknown route.
+
+Tensors, by task: feature-extraction `text` [N] -> `embedding` [N, D]; sequence-classification `text` [N]
+(and `text_pair` [N]) -> `scores` [N, labels], in label id order; ranking `query` [1] (or [N]) and `text` [N]
+-> `scores` [N], in input order. Request parameters are /predict's (normalize, dimensions, raw_scores,
+function_to_apply, truncate, ...). The binary tensor extension is not served: send JSON data."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from infinity.api import hf
+from infinity.api.endpoint import Endpoint, Family, JSONResponse, Render
+from infinity.api.ops import version
+from infinity.errors import ValidationError
+from infinity.schema import Array, Choice, Integer, Object, Schema, Text
+from infinity.service import Result
+from infinity.tasks import Request, Task
+from infinity.tasks.base import activate
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.ranking import Ranking
+from infinity.tasks.sequence_classification import SequenceClassification
+
+ERROR_DOC = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+# the protocol answers a bad request 400 and names no error types
+KSERVE = Family("kserve", lambda status, message, error_type: {"error": message},
+                status=lambda status: 400 if status == 422 else status, error_doc=ERROR_DOC)
+ERRORS = {400: "Malformed request, unknown tensor or parameter", 413: "Body too large or too many inputs",
+          429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
+TENSOR_DOC = {"type": "object", "required": ["name", "datatype", "shape", "data"],
+              "properties": {"name": {"type": "string"}, "datatype": {"type": "string"},
+                             "shape": {"type": "array", "items": {"type": "integer"}}, "data": {"type": "array"}}}
+PLAIN = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """What one task takes and gives as tensors."""
+    inputs: tuple[str, ...]
+    required: tuple[str, ...]
+    output: str
+    output_shape: list[int]  # -1: the batch (or an unknown size)
+    texts: Callable[[dict[str, list[str]]], Request]
+    answer: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
+
+
+def tensors(task: Task) -> Tensors | None:
+    if isinstance(task, FeatureExtraction):
+        return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1],
+                       lambda named: Request(list(named["text"])),
+                       lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
+                                                       params.get("dimensions")))
+    if isinstance(task, SequenceClassification):
+        def pairs(named: dict[str, list[str]]) -> Request:
+            if "text_pair" not in named:
+                return Request(list(named["text"]))
+            return Request(list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair"))))
+
+        def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+            # the function /predict would apply with these parameters
+            return activate(rows, task.parse([], params).params["function_to_apply"])
+
+        return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
+                       pairs, scores)
+    if isinstance(task, Ranking):
+        def ranked(named: dict[str, list[str]]) -> Request:
+            query = named["query"]
+            queries = query * len(named["text"]) if len(query) == 1 else _same_length(query, named["text"], "query")
+            return Request(list(zip(queries, named["text"])))
+
+        return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
+                       lambda rows, params: task.scores(rows, params.get("raw_scores", False)))
+    return None
+
+
+def _same_length(values: list[str], texts: list[str], name: str) -> list[str]:
+    if len(values) != len(texts):
+        raise ValidationError(f"{name} has {len(values)} elements and text {len(texts)}; they go in pairs")
+    return values
+
+
+def _input(limit: int) -> Schema:
+    return Object({"name": Text(), "datatype": Choice(("BYTES",)), "shape": Array(Integer(minimum=1), max_items=2),
+                   "data": Array(Text(), max_items=limit), "parameters": Object({}, open=True)},
+                  required=("name", "datatype", "shape", "data"))
+
+
+def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
+    parameters = Object({**task.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
+                        description="/predict's parameters; others are accepted and ignored")
+    requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
+    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(limit)),
+                     "outputs": Array(requested, max_items=1), "parameters": parameters},
+                    required=("inputs",), fill_defaults=False)
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        named: dict[str, list[str]] = {}
+        for tensor in body["inputs"]:
+            if tensor["name"] not in spec.inputs or tensor["name"] in named:
+                raise ValidationError(f"unknown or repeated input {tensor['name']!r}; this model takes "
+                                      f"{', '.join(spec.inputs)}, each once")
+            if int(np.prod(tensor["shape"])) != len(tensor["data"]):
+                raise ValidationError(f"input {tensor['name']!r} has shape {tensor['shape']} but "
+                                      f"{len(tensor['data'])} elements")
+            named[tensor["name"]] = tensor["data"]
+        missing = [wanted for wanted in spec.required if wanted not in named]
+        if missing:
+            raise ValidationError(f"missing input(s): {', '.join(missing)}")
+        params = body.get("parameters", {})
+        request = spec.texts(named)
+        request.truncate = params.get("truncate", True)
+        request.direction = params.get("truncation_direction", "right")
+
+        def render(result: Result) -> Any:
+            data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)
+            answer: dict[str, Any] = {"model_name": name, "outputs": [
+                {"name": spec.output, "datatype": "FP32", "shape": list(data.shape), "data": data.ravel()}]}
+            if "id" in body:
+                answer["id"] = body["id"]
+            return answer
+
+        return request, render
+
+    answer_doc = {"type": "object", "required": ["model_name", "outputs"],
+                  "properties": {"model_name": {"type": "string"}, "id": {"type": "string"},
+                                 "outputs": {"type": "array", "items": TENSOR_DOC}}}
+    return Endpoint(f"/v2/models/{name}/infer", KSERVE, f"Run {task.name} (KServe Open Inference Protocol)",
+                    answer_doc, body=schema, prepare=prepare, errors=ERRORS)
+
+
+async def _ready(request: HTTPRequest) -> bool:
+    return bool(await request.state.service.ready())
+
+
+def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[Endpoint]:
+    async def live(request: HTTPRequest) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(request: HTTPRequest) -> Response:
+        if await _ready(request):
+            return JSONResponse({"ready": True})
+        return KSERVE.failure(503, "the model is not ready", "unhealthy")
+
+    async def model_ready(request: HTTPRequest) -> Response:
+        if await _ready(request):
+            return JSONResponse({"name": name, "ready": True})
+        return KSERVE.failure(503, f"the model {name} is not ready", "unhealthy")
+
+    async def server(request: HTTPRequest) -> Response:
+        return JSONResponse({"name": "infinity-multiverse", "version": version(), "extensions": []})
+
+    unready = {503: "Not ready"}
+    served = [Endpoint("/v2/health/live", KSERVE, "Process is up (KServe)", PLAIN, view=live, method="GET",
+                       protected=False),
+              Endpoint("/v2/health/ready", KSERVE, "Model warmed up and healthy (KServe)", PLAIN, view=ready,
+                       method="GET", protected=False, errors=unready),
+              Endpoint("/v2", KSERVE, "Server metadata (KServe)", PLAIN, view=server, method="GET",
+                       protected=not public_metadata)]
+    spec = tensors(task)
+    if spec is None:
+        return served
+
+    async def metadata(request: HTTPRequest) -> Response:
+        inputs = [{"name": input_name, "datatype": "BYTES", "shape": [-1]} for input_name in spec.inputs]
+        return JSONResponse({"name": name, "versions": [], "platform": "onnxruntime_onnx", "inputs": inputs,
+                             "outputs": [{"name": spec.output, "datatype": "FP32", "shape": spec.output_shape}]})
+
+    return served + [
+        Endpoint(f"/v2/models/{name}", KSERVE, "Model metadata: its input and output tensors (KServe)", PLAIN,
+                 view=metadata, method="GET", protected=not public_metadata),
+        Endpoint(f"/v2/models/{name}/ready", KSERVE, "Model ready (KServe)", PLAIN, view=model_ready, method="GET",
+                 protected=False, errors=unready),
+        infer(task, spec, name, limit)]

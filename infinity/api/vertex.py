@@ -1,0 +1,55 @@
+"""Vertex AI's custom-container contract: {"instances": [...], "parameters": {...}} in, {"predictions": [...]}
+out, on the routes Vertex names in AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE.
+
+Each instance is what /predict takes as `inputs` and each prediction is /predict's answer to it: a text gives a
+vector (feature-extraction) or its labels (sequence-classification), {"query", "texts"} gives the ranked texts.
+All instances run as one core request."""
+from __future__ import annotations
+
+from typing import Any
+
+from infinity.api import hf, ops
+from infinity.api.endpoint import Endpoint, Render
+from infinity.errors import PayloadTooLarge
+from infinity.schema import Array, Object
+from infinity.service import Result
+from infinity.tasks import Request, Task
+
+
+def predict(task: Task, limit: int, route: str) -> Endpoint:
+    parameters = Object({**task.parameters(), **hf.truncation()}, fill_defaults=False)
+    schema = Object({"instances": Array(task.inputs(limit), max_items=limit), "parameters": parameters},
+                    required=("instances",), fill_defaults=False)
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        params = body.get("parameters", {})
+        parsed = [task.parse(instance, params) for instance in body["instances"]]
+        texts = [text for each in parsed for text in each.request.texts]
+        if len(texts) > limit:
+            raise PayloadTooLarge(f"the instances hold {len(texts)} inputs; the limit is {limit}")
+        request = Request(texts, truncate=params.get("truncate", True),
+                          direction=params.get("truncation_direction", "right"))
+
+        def render(result: Result) -> Any:
+            predictions, start = [], 0
+            for each in parsed:
+                stop = start + each.request.size
+                predictions.append(task.respond(result.rows[start:stop], each, result.encoded[start:stop]))
+                start = stop
+            return {"predictions": predictions}
+
+        return request, render
+
+    answer = {"type": "object", "required": ["predictions"],
+              "properties": {"predictions": {"type": "array", "items": task.answer_doc()}}}
+    return Endpoint(route, hf.HF, f"Run {task.name} (Vertex AI; each instance is a /predict input)", answer,
+                    body=schema, prepare=prepare, errors=hf.ERRORS)
+
+
+def endpoints(task: Task, limit: int, predict_route: str, health_route: str, taken: set[str]) -> list[Endpoint]:
+    """The predict route, and the health route unless another route already answers it the same way."""
+    served = [predict(task, limit, predict_route)]
+    if health_route not in taken:
+        served.append(Endpoint(health_route, hf.HF, "Vertex AI's health check: 200 once the model is warm",
+                               ops.PLAIN, view=ops.ready, method="GET", protected=False, errors={503: "Not ready"}))
+    return served
