@@ -65,12 +65,13 @@ class FeatureExtraction(Task):
         return pool(output, attention_mask, self.manifest.task.pooling or "mean")
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
-        """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized."""
+        """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized. The answer is
+        C-contiguous, as orjson requires: a cut (or CLS pooling) is a strided view until normalizing copies it."""
         if dimensions is not None:
             if dimensions > rows.shape[-1]:
                 raise ValidationError(f"dimensions is {dimensions}, but the model has {rows.shape[-1]}")
             rows = rows[:, :dimensions]
-        return l2_normalize(rows) if normalize else rows
+        return l2_normalize(rows) if normalize else np.ascontiguousarray(rows)
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         params = parsed.params
