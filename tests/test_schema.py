@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from infinity.errors import EmptyInput, InfinityError, ValidationError
-from infinity.schema import BLANK_RANGES, INT64, Array, Boolean, Integer, Object, Text, blank
+from infinity.schema import BLANK_RANGES, INT64, Array, Boolean, Choice, Integer, Object, Text, blank
 
 BMP = [chr(code) for code in range(0x10000) if not 0xD800 <= code <= 0xDFFF]
 BLANK = {chr(code) for low, high in BLANK_RANGES for code in range(low, high + 1)}
@@ -68,10 +68,12 @@ def test_integer_bounds_name_the_limit() -> None:
         Integer().check(2 ** 63, "top_k")
 
 
-@pytest.mark.parametrize("body", [{"inputs": "x", "flag": None}, {"inputs": "x", "n": None},
-                                  {"inputs": None}, {"inputs": "x", "flag": False, "n": 3},
-                                  {"inputs": ["a", None]}, {}])
-def test_null_is_accepted_and_documented_exactly_for_optional_fields(body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("body", "valid"), [
+    ({"inputs": "x", "flag": None}, True), ({"inputs": "x", "n": None}, True), ({"inputs": "x", "how": None}, True),
+    ({"inputs": "x", "flag": False, "n": 3, "how": "b"}, True), ({"inputs": "x", "how": "c"}, False),
+    ({"inputs": None}, False), ({"inputs": ["a", None]}, False), ({}, False)])
+def test_null_is_accepted_and_documented_exactly_for_optional_fields(body: dict[str, Any], valid: bool) -> None:
     schema = Object({"inputs": Array(Text()) if isinstance(body.get("inputs"), list) else Text(),
-                     "flag": Boolean(default=True), "n": Integer(minimum=1)}, required=("inputs",))
-    assert served(schema, body) == documented(schema, body)
+                     "flag": Boolean(default=True), "n": Integer(minimum=1), "how": Choice(("a", "b"))},
+                    required=("inputs",))
+    assert served(schema, body) == documented(schema, body) == valid
