@@ -57,8 +57,11 @@ async def info(request: HTTPRequest) -> Response:
     })
 
 
+PROMETHEUS = "text/plain; version=0.0.4"  # Prometheus' text exposition format
+
+
 async def metrics(request: HTTPRequest) -> Response:
-    return Response(request.state.service.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(request.state.service.metrics.render(), media_type=PROMETHEUS)
 
 
 async def openapi(request: HTTPRequest) -> Response:
@@ -77,6 +80,6 @@ def endpoints(public_metadata: bool) -> list[Endpoint]:
         Endpoint("/info", HF, "Model, target, parity and batching facts", PLAIN, view=info, method="GET",
                  protected=guarded),
         Endpoint("/metrics", HF, "Prometheus metrics", {"type": "string"}, view=metrics, method="GET",
-                 protected=guarded),
+                 protected=guarded, media_type=PROMETHEUS),
         Endpoint("/openapi.json", HF, "This document", PLAIN, view=openapi, method="GET", protected=guarded),
     ]

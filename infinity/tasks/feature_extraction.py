@@ -46,11 +46,15 @@ class FeatureExtraction(Task):
                                       description="keep the first N dimensions (Matryoshka), then normalize")}
 
     def answer_doc(self) -> dict[str, Any]:
-        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
+        # (two arms that match the same answer fail oneOf). `dimensions` shortens a vector, so its length is a range.
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
         if self.dim:
-            vector.update(minItems=self.dim, maxItems=self.dim)
-        scores = {"type": "array", "items": {"type": "number"}, "description": "sentence-similarity cosines"}
-        return {"oneOf": [vector, {"type": "array", "items": vector}, scores]}
+            vector["maxItems"] = self.dim
+        numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
+                   "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
+                                  "with source_sentence"}
+        return {"oneOf": [numbers, {"type": "array", "items": vector, "minItems": 1}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.manifest.task.normalize),

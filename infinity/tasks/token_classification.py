@@ -162,14 +162,14 @@ class TokenClassification(Task):
         def entity(grouped: bool) -> dict[str, Any]:
             properties: dict[str, Any] = {"score": {"type": "number"}, "word": {"type": "string"},
                                           "start": {"type": "integer"}, "end": {"type": "integer"}}
-            if grouped:
-                properties["entity_group"] = {"type": "string"}
-            else:
-                properties.update(entity={"type": "string"}, index={"type": "integer"})
-            return {"type": "object", "properties": properties}
+            names = ["entity_group"] if grouped else ["entity", "index"]
+            properties.update({name: {"type": "integer" if name == "index" else "string"} for name in names})
+            return {"type": "object", "properties": properties, "required": [*names, "score", "word", "start", "end"],
+                    "additionalProperties": False}
 
         entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
-        return {"oneOf": [entities, {"type": "array", "items": entities}]}
+        # anyOf: a single text with no entities answers [], which is also an empty list of lists
+        return {"anyOf": [entities, {"type": "array", "items": entities}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
