@@ -80,8 +80,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[End
 
         return _request(body["input"]), render
 
-    floats = {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": task.dim}
-    vector = {"oneOf": [floats, {"type": "string", "format": "byte"}]}
+    vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {
         "object": {"type": "string", "enum": ["list"]}, "model": {"type": "string"},
         "data": {"type": "array", "items": {"type": "object", "properties": {

@@ -45,16 +45,20 @@ class FeatureExtraction(Task):
                 "dimensions": Integer(minimum=1, maximum=self.dim,
                                       description="keep the first N dimensions (Matryoshka), then normalize")}
 
-    def answer_doc(self) -> dict[str, Any]:
-        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
-        # (two arms that match the same answer fail oneOf). `dimensions` shortens a vector, so its length is a range.
+    def vector_doc(self) -> dict[str, Any]:
+        """One embedding: `dimensions` shortens it, so its length is a range."""
         vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
         if self.dim:
             vector["maxItems"] = self.dim
+        return vector
+
+    def answer_doc(self) -> dict[str, Any]:
+        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
+        # (two arms that match the same answer fail oneOf).
         numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
                    "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
                                   "with source_sentence"}
-        return {"oneOf": [numbers, {"type": "array", "items": vector, "minItems": 1}]}
+        return {"oneOf": [numbers, {"type": "array", "items": self.vector_doc(), "minItems": 1}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.manifest.task.normalize),

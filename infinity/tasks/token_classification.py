@@ -162,9 +162,11 @@ class TokenClassification(Task):
         def entity(grouped: bool) -> dict[str, Any]:
             properties: dict[str, Any] = {"score": {"type": "number"}, "word": {"type": "string"},
                                           "start": {"type": "integer"}, "end": {"type": "integer"}}
-            names = ["entity_group"] if grouped else ["entity", "index"]
-            properties.update({name: {"type": "integer" if name == "index" else "string"} for name in names})
-            return {"type": "object", "properties": properties, "required": [*names, "score", "word", "start", "end"],
+            if grouped:
+                properties["entity_group"] = {"type": "string"}
+            else:
+                properties.update(entity={"type": "string"}, index={"type": "integer"})
+            return {"type": "object", "properties": properties, "required": list(properties),
                     "additionalProperties": False}
 
         entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
