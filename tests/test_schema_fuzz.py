@@ -44,7 +44,7 @@ def toml(deviations: dict[str, dict[str, Any]]) -> str:
 def fuzz(server: Server, tmp_path: Path, *options: str) -> None:
     config = tmp_path / "schemathesis.toml"
     config.write_text(toml(DEVIATIONS))
-    command = [str(Path(sys.executable).with_name("schemathesis")), "--no-color", "--config-file", str(config),
+    command = [sys.executable, "-m", "schemathesis.cli", "--no-color", "--config-file", str(config),
                "run", server.url + "/openapi.json", "--checks", "all", "--seed", str(SEED),
                "--max-examples", str(EXAMPLES), "--generation-database", "none",
                "--workers", "1", "--request-timeout", "60", *options]
