@@ -12,7 +12,7 @@ HEADERS = {**{name: TIMING for name in ("x-compute-time", "x-tokenization-time",
 
 
 def _operation(endpoint: Endpoint, secured: bool) -> dict[str, Any]:
-    ok: dict[str, Any] = {"description": "OK", "content": {"application/json": {"schema": endpoint.answer_doc}}}
+    ok: dict[str, Any] = {"description": "OK", "content": {endpoint.media_type: {"schema": endpoint.answer_doc}}}
     if endpoint.inference:
         ok["headers"] = HEADERS
     responses: dict[str, Any] = {"200": ok}

@@ -5,6 +5,7 @@ the error the client should see: 400 for an empty input, 413 for more inputs tha
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,12 +13,32 @@ from typing import Any
 from infinity.errors import EmptyInput, PayloadTooLarge, ValidationError
 
 _NOTHING = object()
-# characters a tokenizer drops entirely: an input made only of these (or whitespace) has no text
-_INVISIBLE = "\u0000\u200b\u200c\u200d\u2060\ufeff\u00ad"
+# Whitespace, control and format characters (Unicode 14: White_Space, Cc, Cf) of the Basic Multilingual Plane:
+# tokenizers drop them or read them as separators, so an input made only of these has no text. Written out
+# rather than looked up, so the server and its published pattern agree whatever Unicode version Python has.
+BLANK_RANGES = ((0x0000, 0x0020), (0x007f, 0x00a0), (0x00ad, 0x00ad), (0x0600, 0x0605), (0x061c, 0x061c),
+                (0x06dd, 0x06dd), (0x070f, 0x070f), (0x0890, 0x0891), (0x08e2, 0x08e2), (0x1680, 0x1680),
+                (0x180e, 0x180e), (0x2000, 0x200f), (0x2028, 0x202f), (0x205f, 0x2064), (0x2066, 0x206f),
+                (0x3000, 0x3000), (0xfeff, 0xfeff), (0xfff9, 0xfffb))
+# "has a character outside BLANK_RANGES": \uXXXX escapes only, which ECMA-262 (JSON Schema's regex dialect)
+# and Python's re read alike, so validators in any language judge a text as the server does
+VISIBLE = "[^" + "".join(f"\\u{low:04x}" + (f"-\\u{high:04x}" if high > low else "")
+                         for low, high in BLANK_RANGES) + "]"
+_VISIBLE = re.compile(VISIBLE)
+# JSON integers the schema admits: a signed 64-bit range, what JSON parsers in most languages hold exactly
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 
 def blank(text: str) -> bool:
-    return not text.strip().strip(_INVISIBLE).strip()
+    return _VISIBLE.search(text) is None
+
+
+def nullable(doc: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI 3.0's nullable, which does not widen an enum: null is listed there too."""
+    doc = {**doc, "nullable": True}
+    if "enum" in doc:
+        doc["enum"] = [*doc["enum"], None]
+    return doc
 
 
 class Schema:
@@ -62,7 +83,7 @@ class Text(Schema):
     def doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"type": "string"}
         if not self.allow_blank:
-            doc.update(minLength=1, pattern=r"\S")
+            doc.update(minLength=1, pattern=VISIBLE)
         return self._describe(doc)
 
 
@@ -112,10 +133,16 @@ class Boolean(Schema):
 
 @dataclass(frozen=True)
 class Integer(Schema):
+    """An integer within [minimum, maximum], each defaulting to the signed 64-bit bound."""
     minimum: int | None = None
     maximum: int | None = None
     description: str = ""
     default: Any = _NOTHING
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return (INT64[0] if self.minimum is None else self.minimum,
+                INT64[1] if self.maximum is None else self.maximum)
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -123,19 +150,16 @@ class Integer(Schema):
     def check(self, value: Any, where: str) -> int:
         if not self.accepts(value):
             raise ValidationError(f"{where} must be an integer")
-        if self.minimum is not None and value < self.minimum:
-            raise ValidationError(f"{where} must be at least {self.minimum}")
-        if self.maximum is not None and value > self.maximum:
-            raise ValidationError(f"{where} must be at most {self.maximum}")
+        low, high = self.bounds
+        if value < low:
+            raise ValidationError(f"{where} must be at least {low}")
+        if value > high:
+            raise ValidationError(f"{where} must be at most {high}")
         return value
 
     def doc(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"type": "integer"}
-        if self.minimum is not None:
-            doc["minimum"] = self.minimum
-        if self.maximum is not None:
-            doc["maximum"] = self.maximum
-        return self._describe(doc)
+        low, high = self.bounds
+        return self._describe({"type": "integer", "minimum": low, "maximum": high})
 
 
 @dataclass(frozen=True)
@@ -178,7 +202,8 @@ class Array(Schema):
 
 @dataclass(frozen=True)
 class Object(Schema):
-    """A JSON object with known fields; unknown fields are named in the error. Null means absent."""
+    """A JSON object with known fields; unknown fields are named in the error. Null means absent, so optional
+    fields are documented as nullable (huggingface_hub sends null for parameters left unset)."""
     fields: Mapping[str, Schema]
     required: tuple[str, ...] = ()
     open: bool = False  # any other fields are accepted and dropped
@@ -210,7 +235,9 @@ class Object(Schema):
         return clean
 
     def doc(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"type": "object", "properties": {k: v.doc() for k, v in self.fields.items()}}
+        properties = {name: schema.doc() if name in self.required else nullable(schema.doc())
+                      for name, schema in self.fields.items()}
+        doc: dict[str, Any] = {"type": "object", "properties": properties}
         if self.required:
             doc["required"] = list(self.required)
         if not self.open:

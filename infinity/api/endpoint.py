@@ -66,6 +66,7 @@ class Endpoint:
     tasks: tuple[str, ...] | None = None  # served only for these tasks; None: every task
     protected: bool = True  # needs an API key when the server has keys
     errors: dict[int, str] = field(default_factory=dict)  # documented error statuses
+    media_type: str = "application/json"  # of a 200 answer
 
     def __post_init__(self) -> None:
         if (self.view is None) == (self.body is None or self.prepare is None):

@@ -86,8 +86,8 @@ def _same_length(values: list[str], texts: list[str], name: str) -> list[str]:
     return values
 
 
-def _input(limit: int) -> Schema:
-    return Object({"name": Text(), "datatype": Choice(("BYTES",)), "shape": Array(Integer(minimum=1), max_items=2),
+def _input(names: tuple[str, ...], limit: int) -> Schema:
+    return Object({"name": Choice(names), "datatype": Choice(("BYTES",)), "shape": Array(Integer(minimum=1), max_items=2),
                    "data": Array(Text(), max_items=limit), "parameters": Object({}, open=True)},
                   required=("name", "datatype", "shape", "data"))
 
@@ -96,7 +96,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
     parameters = Object({**task.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
-    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(limit)),
+    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1, max_items=len(spec.inputs)),
                      "outputs": Array(requested, max_items=1), "parameters": parameters},
                     required=("inputs",), fill_defaults=False)
 

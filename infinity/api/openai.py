@@ -46,7 +46,7 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
         "model": Text(description="accepted and echoed; this server runs one model"),
         "encoding_format": Choice(("float", "base64"), default="float",
                                   description="base64: little-endian float32 bytes"),
-        "dimensions": Integer(minimum=1, description="keep the first N dimensions (Matryoshka), then normalize"),
+        "dimensions": task.parameters()["dimensions"],
         "user": Text(allow_blank=True, description="accepted and ignored"),
     }, required=("input",))
 
@@ -80,7 +80,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[End
 
         return _request(body["input"]), render
 
-    vector = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string", "format": "byte"}]}
+    vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {
         "object": {"type": "string", "enum": ["list"]}, "model": {"type": "string"},
         "data": {"type": "array", "items": {"type": "object", "properties": {

@@ -58,8 +58,11 @@ async def info(request: HTTPRequest) -> Response:
     })
 
 
+PROMETHEUS = CONTENT_TYPE  # what prometheus_client writes: its text exposition format
+
+
 async def metrics(request: HTTPRequest) -> Response:
-    return Response(request.state.service.metrics.render(), headers={"content-type": CONTENT_TYPE})
+    return Response(request.state.service.metrics.render(), headers={"content-type": PROMETHEUS})
 
 
 async def openapi(request: HTTPRequest) -> Response:
@@ -78,6 +81,6 @@ def endpoints(public_metadata: bool) -> list[Endpoint]:
         Endpoint("/info", HF, "Model, target, parity and batching facts", PLAIN, view=info, method="GET",
                  protected=guarded),
         Endpoint("/metrics", HF, "Prometheus metrics", {"type": "string"}, view=metrics, method="GET",
-                 protected=guarded),
+                 protected=guarded, media_type=PROMETHEUS),
         Endpoint("/openapi.json", HF, "This document", PLAIN, view=openapi, method="GET", protected=guarded),
     ]

@@ -15,7 +15,6 @@ from infinity.tokenization import TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
-FLOATS = {"type": "array", "items": {"type": "number"}}
 EMBED, RERANK = "/embed", "/rerank"
 
 
@@ -37,7 +36,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
         return _cut(Request(texts), body), render
 
-    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": FLOATS}, body=schema,
+    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
 
 

@@ -45,12 +45,20 @@ class FeatureExtraction(Task):
                 "dimensions": Integer(minimum=1, maximum=self.dim,
                                       description="keep the first N dimensions (Matryoshka), then normalize")}
 
-    def answer_doc(self) -> dict[str, Any]:
-        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+    def vector_doc(self) -> dict[str, Any]:
+        """One embedding: `dimensions` shortens it, so its length is a range."""
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
         if self.dim:
-            vector.update(minItems=self.dim, maxItems=self.dim)
-        scores = {"type": "array", "items": {"type": "number"}, "description": "sentence-similarity cosines"}
-        return {"oneOf": [vector, {"type": "array", "items": vector}, scores]}
+            vector["maxItems"] = self.dim
+        return vector
+
+    def answer_doc(self) -> dict[str, Any]:
+        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
+        # (two arms that match the same answer fail oneOf).
+        numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
+                   "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
+                                  "with source_sentence"}
+        return {"oneOf": [numbers, {"type": "array", "items": self.vector_doc(), "minItems": 1}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.manifest.task.normalize),
@@ -65,12 +73,13 @@ class FeatureExtraction(Task):
         return pool(output, attention_mask, self.manifest.task.pooling or "mean")
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
-        """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized."""
+        """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized. The answer is
+        C-contiguous, as orjson requires: a cut (or CLS pooling) is a strided view until normalizing copies it."""
         if dimensions is not None:
             if dimensions > rows.shape[-1]:
                 raise ValidationError(f"dimensions is {dimensions}, but the model has {rows.shape[-1]}")
             rows = rows[:, :dimensions]
-        return l2_normalize(rows) if normalize else rows
+        return l2_normalize(rows) if normalize else np.ascontiguousarray(rows)
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         params = parsed.params

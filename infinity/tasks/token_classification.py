@@ -166,10 +166,12 @@ class TokenClassification(Task):
                 properties["entity_group"] = {"type": "string"}
             else:
                 properties.update(entity={"type": "string"}, index={"type": "integer"})
-            return {"type": "object", "properties": properties}
+            return {"type": "object", "properties": properties, "required": list(properties),
+                    "additionalProperties": False}
 
         entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
-        return {"oneOf": [entities, {"type": "array", "items": entities}]}
+        # anyOf: a single text with no entities answers [], which is also an empty list of lists
+        return {"anyOf": [entities, {"type": "array", "items": entities}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
