@@ -33,26 +33,60 @@ def input_names(model: Any) -> list[str]:
     return names
 
 
+def embedding_head(source: SourceModel) -> Any:
+    """The model's own sentence-transformers Pooling and the modules after it that the graph includes, as one
+    torch module: (token vectors, attention mask) -> sentence embeddings."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    modules = list(SentenceTransformer(str(source.path), device="cpu"))[1:2 + len(source.head)]
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = torch.nn.ModuleList(modules)
+
+        def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            features = {"token_embeddings": hidden, "attention_mask": attention_mask}
+            for step in self.steps:
+                features = step(features)
+            return features["sentence_embedding"]
+
+    return Head().eval()
+
+
 def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
     """Writes the graph to `path`; returns its input names and its one output name."""
     import torch
 
     model = load_torch_model(source)
     names = input_names(model)
-    output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
+    head = embedding_head(source) if source.facts.pooled_in_graph else None
+    output = "sentence_embedding" if head else "last_hidden_state" if source.task == "feature-extraction" else "logits"
 
     class Wrapped(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.head = head
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            return getattr(self.model(**dict(zip(names, tensors))), output)
+            if self.head is None:
+                return getattr(self.model(**dict(zip(names, tensors))), output)
+            hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
+            return self.head(hidden, tensors[names.index("attention_mask")])
 
-    sample = source.tokenizer(["a short probe", "a somewhat longer probe sentence for tracing"],
-                              padding=True, return_tensors="pt")
+    # Traced right-padded, as the server pads (a decoder's positions then count from each row's first token).
+    padding_side, source.tokenizer.padding_side = source.tokenizer.padding_side, "right"
+    try:
+        sample = source.tokenizer(["a short probe", "a somewhat longer probe sentence for tracing"],
+                                  padding=True, return_tensors="pt")
+    finally:
+        source.tokenizer.padding_side = padding_side
     args = tuple(sample[name] for name in names)
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
+    if head is not None:
+        axes[output] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         # .eval() on the wrapper too: export restores the wrapper's mode onto the model afterwards.
