@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infinity import api, openapi
 from infinity.api.endpoint import Endpoint, View, closed, failure, handle, respond
 from infinity.api.hf import HF
-from infinity.api.ops import version
+from infinity.api.ops import served_name, version
 from infinity.auth import ApiKeys
 from infinity.errors import InfinityError
 from infinity.lane import Admit, Lane, Serve
@@ -142,7 +142,7 @@ def create_app(model: LoadedModel, settings: Settings) -> Starlette:
     middleware = [Middleware(LastResort), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
-    title = f"infinity: {model.manifest.source.task} with {model.manifest.public_model_id}"
+    title = f"infinity: {model.manifest.source.task} with {served_name(model.manifest, settings)}"
     app.state.shedding = shedding
     app.state.lane = lane
     app.state.openapi = openapi.document(served, title, version(), secured=bool(settings.api_keys))

@@ -49,6 +49,10 @@ HELP = {
     "access_log": "log every request",
     "public_metadata": "serve /info, /metrics, /openapi.json and /v1/models without an API key "
                        "(health probes never need one)",
+    "served_model_name": "the model's name in /v1/models, /info and every answer (default: its hub id from the "
+                         "manifest, else the directory name it was optimized from)",
+    "default_prompt_name": "the model's prompt put before texts of requests that name none (default: the model's "
+                           "own default prompt, if any)",
 }
 
 

@@ -41,6 +41,8 @@ class Settings:
     access_log: bool = False
     api_keys: tuple[str, ...] = ()  # any of them opens the inference routes; none: no authentication
     public_metadata: bool = False  # /info, /metrics, /openapi.json and /v1/models open without a key
+    served_model_name: str | None = None  # the model's name in every answer; None: the manifest's hub id
+    default_prompt_name: str | None = None  # the prompt for requests that name none; None: the model's default
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
@@ -69,5 +71,9 @@ class Settings:
             raise ValueError("max_inputs_per_request must not exceed max_batch_size")
         if any(not key or key != key.strip() or any(c in key for c in ", \n") for key in self.api_keys):
             raise ValueError("an API key must be non-empty, without spaces, commas or surrounding blanks")
+        for name in ("served_model_name", "default_prompt_name"):
+            value = getattr(self, name)
+            if value is not None and (not value.strip() or value != value.strip()):
+                raise ValueError(f"{name} must be non-empty, without surrounding blanks")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
