@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,25 @@ def input_names(model: Any) -> list[str]:
     if "token_type_ids" in accepted and getattr(model.config, "type_vocab_size", 0):
         names.append("token_type_ids")
     return names
+
+
+@contextmanager
+def broadcast_masks() -> Iterator[None]:
+    """transformers builds a mask from custom functions (EmbeddingGemma's bidirectional and windowed attention)
+    with vmap, which the ONNX exporter cannot trace; its own mask functions are index arithmetic that
+    broadcasting computes alike, so the export builds them that way."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+
+    eager = masks["eager"]
+
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
+        return eager(*args, **{**kwargs, "use_vmap": False})
+
+    masks["eager"] = broadcast
+    try:
+        yield
+    finally:
+        del masks["eager"]
 
 
 def embedding_head(source: SourceModel) -> Any:
@@ -87,7 +108,7 @@ def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
     if head is not None:
         axes[output] = {0: "batch"}
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), broadcast_masks():
         warnings.simplefilter("ignore")
         # .eval() on the wrapper too: export restores the wrapper's mode onto the model afterwards.
         torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=[output],

@@ -132,7 +132,8 @@ def _embedding_facts(path: Path, config: Any, modules: list[Module],
             raise ValueError(f"{path.name} declares no pooling (no sentence-transformers Pooling module); pass "
                              f"--pooling with one of {', '.join(POOLINGS)}, as its model card says")
         if modules[1:]:
-            raise ValueError(f"{path.name}: modules after the Transformer but no Pooling module ({', '.join(kinds[1:])})")
+            raise ValueError(f"{path.name}: modules after the Transformer but no Pooling module "
+                             f"({', '.join(kinds[1:])})")
         pooling, after = flag, []
     else:
         at = kinds.index("Pooling")

@@ -150,7 +150,7 @@ def build_tiny_qwen3_embedding(out: Path, seed: int = 0) -> Path:
     return out
 
 
-def build_tiny_gemma3_embedding(out: Path, seed: int = 0, bidirectional: bool = False) -> Path:
+def build_tiny_gemma3_embedding(out: Path, seed: int = 0, bidirectional: bool = True) -> Path:
     """A tiny random gemma3_text as EmbeddingGemma is built: bidirectional attention, mean pooling, two Dense
     modules after it and Normalize, saved by sentence-transformers itself (its current file format)."""
     import warnings
