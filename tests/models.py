@@ -86,8 +86,9 @@ def build_tiny_distilbert(out: Path, seed: int = 0) -> Path:
 
 
 EOS = "<|endoftext|>"
-QWEN3_PROMPTS = {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
-                 "document": ""}
+QWEN3_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": ""}
 
 
 def build_byte_bpe_tokenizer(out: Path, bos: str | None = None, eos: str = EOS, padding_side: str = "left") -> Any:

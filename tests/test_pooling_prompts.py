@@ -17,7 +17,7 @@ import pytest
 
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import pool
-from optimize.source import load_source, pooling_mode
+from optimize.source import hub_id, load_source, pooling_mode
 from tests.models import QWEN3_PROMPTS, minilm_dir
 from tests.servers import ROOT, Server, running
 
@@ -125,6 +125,32 @@ def test_an_unknown_module_in_modules_json_is_refused_by_name(tmp_path: Path) ->
     assert "lists the module 'sentence_transformers.models.LSTM', which cannot be exported" in result.stderr
 
 
+E5_CACHED = "/cache/models--intfloat--e5-small-v2/snapshots/ffb93f3b"
+
+
+@pytest.mark.parametrize(("model", "path", "expected"), [
+    ("BAAI/bge-small-en-v1.5", "/cache/models--BAAI--bge-small-en-v1.5/snapshots/5c38ec7c", "BAAI/bge-small-en-v1.5"),
+    (E5_CACHED, E5_CACHED, "intfloat/e5-small-v2"),
+    ("/models/mine", "/models/mine", None),
+])
+def test_a_hub_id_is_read_from_the_id_given_or_the_hub_cache_path(model: str, path: str, expected: str | None) -> None:
+    assert hub_id(model, Path(path)) == expected
+
+
+def test_model_id_given_to_the_optimizer_wins() -> None:
+    source = load_source(str(minilm_dir()), "feature-extraction", model_id="acme/minilm-finetuned")
+    assert source.model_id == "acme/minilm-finetuned"
+
+
+def test_a_pooling_that_excludes_the_prompt_is_refused(artifacts: Any, tmp_path: Path) -> None:
+    source = tmp_path / "instructor-like"
+    shutil.copytree(artifacts.source("qwen3-tiny"), source)
+    config = json.loads((source / "1_Pooling" / "config.json").read_text())
+    (source / "1_Pooling" / "config.json").write_text(json.dumps({**config, "include_prompt": False}))
+    with pytest.raises(ValueError, match="include_prompt=false"):
+        load_source(str(source), "feature-extraction")
+
+
 def test_the_bundled_minilm_is_named_by_its_hub_id(minilm_fp32_artifact: Path) -> None:
     manifest = Manifest.load(minilm_fp32_artifact)
     assert manifest.source.model_id == "sentence-transformers/all-MiniLM-L6-v2"
@@ -182,6 +208,16 @@ def test_qwen3_with_a_prompt_over_http_matches_sentence_transformers(qwen3_serve
     assert answer.model == "tiny-qwen3-embedding"
     without = httpx.post(qwen3_server.url + "/embed", json={"inputs": TEXTS}, timeout=30)
     np.testing.assert_allclose(np.array(without.json()), plain, atol=1e-5)
+
+
+def test_a_decoder_embedding_model_quantizes_to_int8_within_parity(artifacts: Any) -> None:
+    from infinity.model import LoadedModel
+
+    int8 = LoadedModel.load(artifacts.artifact("feature-extraction", "int8", model="qwen3-tiny"), threads=1)
+    assert int8.manifest.parity.passed and int8.manifest.model.precision == "int8"
+    got = np.array(int8.predict(TEXTS, {"prompt_name": "query"}))
+    expected = st_model(artifacts, "qwen3-tiny").encode(TEXTS, prompt_name="query")
+    assert np.min(np.sum(got * expected, axis=1)) >= 0.99
 
 
 def test_padded_batches_give_a_decoder_the_same_vector_as_alone(qwen3_server: Server) -> None:
