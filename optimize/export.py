@@ -51,7 +51,7 @@ def broadcast_masks() -> Iterator[None]:
     try:
         yield
     finally:
-        del masks["eager"]
+        masks["eager"] = eager
 
 
 def embedding_head(source: SourceModel) -> Any:
@@ -83,7 +83,10 @@ def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
     model = load_torch_model(source)
     names = input_names(model)
     head = embedding_head(source) if source.facts.pooled_in_graph else None
-    output = "sentence_embedding" if head else "last_hidden_state" if source.task == "feature-extraction" else "logits"
+    if head is not None:
+        output = "sentence_embedding"
+    else:
+        output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
 
     class Wrapped(torch.nn.Module):
         def __init__(self) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 
 from infinity.errors import ValidationError
-from infinity.schema import Array, Boolean, Integer, Object, OneOf, Schema, Text
 from infinity.manifest import Manifest
+from infinity.schema import Array, Boolean, Integer, Object, OneOf, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task
 from infinity.tokenization import Encoded
 
