@@ -157,6 +157,16 @@ def test_the_bundled_minilm_is_named_by_its_hub_id(minilm_fp32_artifact: Path) -
     assert manifest.public_model_id == "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def test_a_manifest_written_before_prompts_and_hub_ids_still_loads(minilm_fp32_artifact: Path) -> None:
+    data = json.loads((minilm_fp32_artifact / "manifest.json").read_text())
+    for section, name in (("task", "prompts"), ("task", "default_prompt_name"), ("task", "pooled_in_graph"),
+                          ("source", "model_id")):
+        del data[section][name]
+    manifest = Manifest.from_dict(data)
+    assert manifest.task.prompts == {} and not manifest.task.pooled_in_graph
+    assert manifest.public_model_id == Path(data["source"]["model"]).name
+
+
 # A decoder embedding model (Qwen3-Embedding's shape) and an encoder with Dense modules (EmbeddingGemma's)
 
 @pytest.fixture(scope="module")
