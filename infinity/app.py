@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infinity import openapi
 from infinity.api.endpoint import Endpoint, View, handle
 from infinity.api.hf import HF
-from infinity.api.ops import version
+from infinity.api.ops import served_name, version
 from infinity.auth import ApiKeys
 from infinity.core import Core
 from infinity.service import Service
@@ -96,6 +96,6 @@ def create_app(core: Core) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})
     app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow
-    title = f"infinity: {manifest.source.task} with {manifest.public_model_id}"
+    title = f"infinity: {manifest.source.task} with {served_name(manifest, settings)}"
     app.state.openapi = openapi.document(core.served, title, version(), secured=bool(settings.api_keys))
     return app

@@ -71,6 +71,10 @@ HELP = {
                        f"({SAGEMAKER_TIMEOUT_S:g} under SageMaker)",
     "vertex_predict_route": "route of Vertex AI's predict requests (Vertex sets AIP_PREDICT_ROUTE)",
     "vertex_health_route": "route of Vertex AI's health checks (Vertex sets AIP_HEALTH_ROUTE)",
+    "served_model_name": "the model's name in /v1/models, /info and every answer (default: its hub id from the "
+                         "manifest, else the directory name it was optimized from)",
+    "default_prompt_name": "the model's prompt put before texts of requests that name none (default: the model's "
+                           "own default prompt, if any)",
 }
 
 

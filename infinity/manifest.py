@@ -19,7 +19,8 @@ from infinity.manifest_schema import conform
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
-POOLINGS = ("mean", "cls", "max")
+# sentence-transformers' pooling modes; several are concatenated in order, written "cls+mean"
+POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 
 
@@ -33,6 +34,7 @@ class Source:
     task: str
     revision: str | None = None
     model_type: str | None = None
+    model_id: str | None = None  # the hub id clients see, where the optimizer knew it
     library_versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -66,8 +68,11 @@ class TokenizerFile:
 
 @dataclass
 class TaskFacts:
-    pooling: str | None = None          # "mean" | "cls" (feature-extraction)
+    pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"
+    pooled_in_graph: bool = False       # the graph answers pooled vectors (pooling and Dense modules inside it)
     normalize: bool = False             # default for feature-extraction
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before an input
+    default_prompt_name: str | None = None
     id2label: dict[int, str] | None = None
     score_activation: str | None = None  # "sigmoid" | "softmax" | "none" (ranking / classification default)
     embedding_dim: int | None = None
@@ -116,8 +121,9 @@ class Manifest:
 
     @property
     def public_model_id(self) -> str:
-        """The source model as clients may see it: a hub id as is, a local path as its last component only."""
-        return public_model_id(self.source.model)
+        """The source model as clients may see it: its hub id where known, else what the optimizer was given
+        (a hub id as is, a local path as its last component only)."""
+        return self.source.model_id or public_model_id(self.source.model)
 
     @classmethod
     def from_dict(cls, data: Any) -> "Manifest":
@@ -189,7 +195,10 @@ def check_facts(manifest: Manifest) -> None:
     checks = [
         ("tokenizer.max_length", manifest.tokenizer.max_length >= 1, "at least 1"),
         ("tokenizer.pad_id", manifest.tokenizer.pad_id >= 0, "at least 0"),
-        ("task.pooling", facts.pooling in (None, *POOLINGS), f"one of {', '.join(POOLINGS)}"),
+        ("task.pooling", facts.pooling is None or all(mode in POOLINGS for mode in facts.pooling.split("+")),
+         f"one of {', '.join(POOLINGS)} (or several joined by +)"),
+        ("task.default_prompt_name", facts.default_prompt_name in (None, *facts.prompts),
+         f"one of the prompts ({', '.join(facts.prompts) or 'none'})"),
         ("task.score_activation", facts.score_activation in (None, *ACTIVATIONS), f"one of {', '.join(ACTIVATIONS)}"),
         ("task.embedding_dim", facts.embedding_dim is None or facts.embedding_dim >= 1, "at least 1"),
         ("task.id2label", all(key >= 0 for key in facts.id2label or {}), "keyed by label indexes from 0"),

@@ -34,6 +34,10 @@ def check(directory: Path, settings: Settings) -> Manifest:
             raise StartupError(f"the artifact failed its parity check ({failures}); "
                                "pass --allow-failed-parity to serve it anyway")
         log.warning("serving an artifact that failed its parity check: %s", failures)
+    prompts = manifest.task.prompts
+    if settings.default_prompt_name is not None and settings.default_prompt_name not in prompts:
+        raise StartupError(f"--default-prompt-name {settings.default_prompt_name!r} is not one of the model's prompts "
+                           f"({', '.join(prompts) or 'it has none'})")
     missing = missing_cpu_flags(manifest.target.required_cpu_flags)
     if missing:
         message = f"this CPU lacks {', '.join(missing)}, required by the {manifest.target.name!r} target"

@@ -46,6 +46,8 @@ class Settings:
     request_timeout: float = 0.0  # seconds an inference request may wait for the engine; 0: no limit
     vertex_predict_route: str = "/vertex/predict"  # Vertex AI sets these through AIP_PREDICT_ROUTE ...
     vertex_health_route: str = "/vertex/health"  # ... and AIP_HEALTH_ROUTE
+    served_model_name: str | None = None  # the model's name in every answer; None: the manifest's hub id
+    default_prompt_name: str | None = None  # the prompt for requests that name none; None: the model's default
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
@@ -79,5 +81,9 @@ class Settings:
         for name in ("vertex_predict_route", "vertex_health_route"):
             if not getattr(self, name).startswith("/"):
                 raise ValueError(f"{name} must start with /")
+        for name in ("served_model_name", "default_prompt_name"):
+            value = getattr(self, name)
+            if value is not None and (not value.strip() or value != value.strip()):
+                raise ValueError(f"{name} must be non-empty, without surrounding blanks")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

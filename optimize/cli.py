@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--activations", choices=["per_token", "per_tensor"], default=None,
                      help="INT8 activation scales: one per token (batch-invariant, every CPU target's default) or "
                           "one per padded batch (onnxruntime's dynamic INT8, with outlier channels split off)")
+    run.add_argument("--pooling", default=None, metavar="MODE",
+                     help="feature-extraction: how token vectors become one vector, for a model without a "
+                          "sentence-transformers Pooling config: cls, mean, max, mean_sqrt_len_tokens, weightedmean "
+                          "or lasttoken (several joined by +); required there, never guessed")
+    run.add_argument("--model-id", default=None, metavar="ORG/NAME",
+                     help="the hub id the server shows clients (default: the id given, the hub cache path's, or "
+                          "the model card's usage example; else the directory name)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
                               threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like,
-                              activations=args.activations)
+                              activations=args.activations, pooling=args.pooling, model_id=args.model_id)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +35,83 @@ def input_names(model: Any) -> list[str]:
     return names
 
 
+@contextmanager
+def broadcast_masks() -> Iterator[None]:
+    """transformers builds a mask from custom functions (EmbeddingGemma's bidirectional and windowed attention)
+    with vmap, which the ONNX exporter cannot trace; its own mask functions are index arithmetic that
+    broadcasting computes alike, so the export builds them that way."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+
+    eager = masks["eager"]
+
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
+        return eager(*args, **{**kwargs, "use_vmap": False})
+
+    masks["eager"] = broadcast
+    try:
+        yield
+    finally:
+        masks["eager"] = eager
+
+
+def embedding_head(source: SourceModel) -> Any:
+    """The model's own sentence-transformers Pooling and the modules after it that the graph includes, as one
+    torch module: (token vectors, attention mask) -> sentence embeddings."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    modules = list(SentenceTransformer(str(source.path), device="cpu"))[1:2 + len(source.head)]
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = torch.nn.ModuleList(modules)
+
+        def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            features = {"token_embeddings": hidden, "attention_mask": attention_mask}
+            for step in self.steps:
+                features = step(features)
+            return features["sentence_embedding"]
+
+    return Head().eval()
+
+
 def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
     """Writes the graph to `path`; returns its input names and its one output name."""
     import torch
 
     model = load_torch_model(source)
     names = input_names(model)
-    output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
+    head = embedding_head(source) if source.facts.pooled_in_graph else None
+    if head is not None:
+        output = "sentence_embedding"
+    else:
+        output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
 
     class Wrapped(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.head = head
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            return getattr(self.model(**dict(zip(names, tensors))), output)
+            if self.head is None:
+                return getattr(self.model(**dict(zip(names, tensors))), output)
+            hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
+            return self.head(hidden, tensors[names.index("attention_mask")])
 
-    sample = source.tokenizer(["a short probe", "a somewhat longer probe sentence for tracing"],
-                              padding=True, return_tensors="pt")
+    # Traced right-padded, as the server pads (a decoder's positions then count from each row's first token).
+    padding_side, source.tokenizer.padding_side = source.tokenizer.padding_side, "right"
+    try:
+        sample = source.tokenizer(["a short probe", "a somewhat longer probe sentence for tracing"],
+                                  padding=True, return_tensors="pt")
+    finally:
+        source.tokenizer.padding_side = padding_side
     args = tuple(sample[name] for name in names)
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
-    with warnings.catch_warnings(), torch.no_grad():
+    if head is not None:
+        axes[output] = {0: "batch"}
+    with warnings.catch_warnings(), torch.no_grad(), broadcast_masks():
         warnings.simplefilter("ignore")
         # .eval() on the wrapper too: export restores the wrapper's mode onto the model afterwards.
         torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=[output],

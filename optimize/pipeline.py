@@ -23,7 +23,7 @@ from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.reference import OnnxRunner, probe_inputs, torch_reference
 from optimize.served import ServedParity, load_candidate, served_parity
-from optimize.source import load_source
+from optimize.source import SourceModel, load_source
 from optimize.speed import host_cpu_name, latency_table, median_latency_ms
 
 Log = Callable[[str], None]
@@ -47,6 +47,8 @@ class OptimizeOptions:
     thresholds: dict[str, float] | None = None
     keep_float_like: Path | None = None  # reuse another artifact's float-kept layer roles instead of searching
     activations: str | None = None  # INT8: "per_token" or "per_tensor" instead of the target's own
+    pooling: str | None = None  # feature-extraction without a sentence-transformers Pooling config
+    model_id: str | None = None  # the hub id clients see (default: found from the model's cache path or card)
 
 
 class Stages:
@@ -88,7 +90,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
          work: Path, log: Log) -> Manifest:
     log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
     with stages.stage("load"):
-        source = load_source(options.model, options.task)
+        source = load_source(options.model, options.task, options.pooling, options.model_id)
         source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
         source.tokenizer.save_pretrained(str(work / "tokenizer"))
         extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
@@ -115,7 +117,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
     draft = Manifest(
         source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
-                      model_type=source.model_type, library_versions=package.library_versions()),
+                      model_type=source.model_type, library_versions=package.library_versions(),
+                      model_id=source.model_id),
         target=Target(name=preset.name, providers=list(preset.providers),
                       # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
                       required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
@@ -133,7 +136,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     def evaluate(path: Path) -> ParityResult:
         return served(path, search_inputs, reference).result
 
-    quantization, kept_float, notes = None, [], list(fusion.gaps)
+    quantization, kept_float, notes = None, [], [*fusion.gaps, *source_notes(source)]
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None
@@ -195,6 +198,21 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     return manifest
 
 
+def source_notes(source: SourceModel) -> list[str]:
+    """What the artifact does for this model that a reader of the manifest should know."""
+    notes = []
+    if source.head:
+        notes.append("the graph ends with the model's pooling and " + ", ".join(m.kind for m in source.head)
+                     + " modules: it answers sentence embeddings")
+    if "lasttoken" in (source.facts.pooling or "").split("+"):
+        eos = source.tokenizer.eos_token
+        ends = source.tokenizer("probe")["input_ids"][-1:] == [source.tokenizer.eos_token_id]
+        notes.append(f"last-token pooling reads the {eos} its tokenizer appends to every input" if ends and eos else
+                     "last-token pooling reads each input's last token; this tokenizer appends no end-of-sequence "
+                     "token")
+    return notes
+
+
 def _to_fp16(src: Path, dst: Path) -> None:
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -204,9 +222,10 @@ def _to_fp16(src: Path, dst: Path) -> None:
     model.save_model_to_file(str(dst))
 
 
-def _reference_name(source) -> str:
-    if source.task == "feature-extraction" and source.sentence_transformers:
-        return "sentence-transformers SentenceTransformer, PyTorch FP32"
+def _reference_name(source: SourceModel) -> str:
+    if source.task == "feature-extraction":
+        return "sentence-transformers SentenceTransformer, PyTorch FP32" + (
+            "" if source.sentence_transformers else f" (transformers model + {source.facts.pooling} pooling)")
     if source.task == "ranking":
         return "sentence-transformers CrossEncoder, PyTorch FP32"
     return "transformers, PyTorch FP32"

@@ -7,9 +7,8 @@ from typing import Any
 import numpy as np
 
 from infinity.tasks.base import activate
-from infinity.tasks.feature_extraction import pool
 from infinity.tokenization import TextInput, TextTokenizer, pad_batch
-from optimize.source import SourceModel
+from optimize.source import SourceModel, read_modules
 
 Outputs = list[np.ndarray]  # one array per input: a vector, a probability row, a token x label matrix, a score
 
@@ -50,9 +49,9 @@ def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
 def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
     import torch
 
-    if source.task == "feature-extraction" and source.sentence_transformers:
-        from sentence_transformers import SentenceTransformer
-        model = SentenceTransformer(str(source.path), device="cpu")
+    if source.task == "feature-extraction":
+        # sentence-transformers' own pooling, never the server's: parity then checks the server's pooling too
+        model = sentence_transformer(source)
         return list(model.encode(inputs, batch_size=8, convert_to_numpy=True))
     if source.task == "ranking":
         from sentence_transformers import CrossEncoder
@@ -76,15 +75,31 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
             with torch.no_grad():
                 out = model(**enc)
             mask = enc["attention_mask"].numpy()
-            if source.task == "feature-extraction":
-                rows = list(pool(out.last_hidden_state.numpy(), mask, source.facts.pooling or "mean"))
-            elif source.task == "sequence-classification":
+            if source.task == "sequence-classification":
                 rows = list(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
             else:
                 probs = activate(out.logits.numpy(), "softmax")  # what the server answers from
                 rows = [probs[row, : int(mask[row].sum())] for row in range(len(chunk))]
             results.update(zip(chunk, rows))
     return [results[i] for i in range(len(inputs))]
+
+
+def sentence_transformer(source: SourceModel) -> Any:
+    """The model as sentence-transformers runs it: its own modules, or (without them) the transformers model
+    followed by the Pooling module the artifact declares."""
+    import warnings
+
+    from sentence_transformers import SentenceTransformer
+
+    if source.sentence_transformers and any(m.kind == "Pooling" for m in read_modules(source.path)):
+        return SentenceTransformer(str(source.path), device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers.models import Pooling, Transformer
+    backbone = Transformer(str(source.path), max_seq_length=source.max_length)
+    modes = source.facts.pooling.split("+")  # type: ignore[union-attr]  # feature-extraction always has one
+    pooling = Pooling(backbone.get_embedding_dimension(), pooling_mode=modes[0] if len(modes) == 1 else tuple(modes))
+    return SentenceTransformer(modules=[backbone, pooling], device="cpu")
 
 
 class OnnxRunner:

@@ -16,9 +16,9 @@ from infinity.engine import Engine
 from infinity.manifest import Manifest
 from infinity.model import LoadedModel
 from infinity.settings import Settings
-from infinity.tasks import make_task
+from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
-from infinity.tasks.feature_extraction import l2_normalize
+from infinity.tasks.feature_extraction import FeatureExtraction, l2_normalize
 from infinity.tokenization import TextInput, TextTokenizer
 from optimize.parity import ParityResult, batch_invariance, compare, worst
 from optimize.reference import ranking_group_sizes
@@ -69,6 +69,8 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
     (padding, engine, the task's reduction)."""
+    if isinstance(model.task, FeatureExtraction):  # texts get the default prompt, as a server gives it
+        inputs = model.task.prompted(Request(list(inputs)), None).texts
     encoded = model.tokenizer.encode(inputs, truncate=True)
     alone = [row_values(model, model.forward([e])[0], len(e)) for e in encoded]
     batched: list[np.ndarray | None] = [None] * len(inputs)

@@ -3,13 +3,25 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import TASKS, TaskFacts
+from infinity.manifest import POOLINGS, TASKS, TaskFacts
 
 SANE_MAX_LENGTH = 100_000
+# sentence-transformers module classes the exported graph reproduces, by the last part of their type name
+MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# how a model card names its hub id in its usage example
+CARD_ID = re.compile(r"""(?:SentenceTransformer|CrossEncoder|from_pretrained)\(\s*["']([\w.-]+/[\w.-]+)["']""")
+
+
+@dataclass(frozen=True)
+class Module:
+    """One entry of a sentence-transformers modules.json."""
+    kind: str   # Transformer, Pooling, Dense or Normalize
+    path: Path  # its folder
 
 
 @dataclass
@@ -21,6 +33,8 @@ class SourceModel:
     facts: TaskFacts
     max_length: int
     sentence_transformers: bool
+    model_id: str | None = None  # the hub id, where known
+    head: list[Module] = field(default_factory=list)  # modules after pooling that the graph includes
 
     @property
     def model_type(self) -> str:
@@ -39,7 +53,7 @@ def resolve_path(model: str) -> Path:
         raise FileNotFoundError(f"{model!r} is neither a local model directory nor a reachable hub id ({exc})") from None
 
 
-def load_source(model: str, task: str) -> SourceModel:
+def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None) -> SourceModel:
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -55,8 +69,41 @@ def load_source(model: str, task: str) -> SourceModel:
     st_config = _read_json(path / "sentence_bert_config.json")
     is_st = (path / "modules.json").is_file()
     max_length = _max_length(config, tokenizer, st_config)
-    facts = _task_facts(path, task, config, is_st)
-    return SourceModel(path, task, config, tokenizer, facts, max_length, is_st)
+    modules = read_modules(path) if is_st else []
+    if task == "feature-extraction":
+        facts, head = _embedding_facts(path, config, modules, pooling)
+    elif pooling is not None:
+        raise ValueError(f"--pooling is for feature-extraction, not {task}")
+    else:
+        facts, head = _task_facts(task, config), []
+    return SourceModel(path, task, config, tokenizer, facts, max_length, is_st,
+                       model_id=model_id or hub_id(model, path), head=head)
+
+
+def hub_id(model: str, path: Path) -> str | None:
+    """The model's hub id: as given, from its place in the hub cache, or from its model card's usage example."""
+    if not Path(model).expanduser().is_dir() and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+        return model
+    cached = next((part for part in path.parts if part.startswith("models--")), None)
+    if cached:
+        return cached.removeprefix("models--").replace("--", "/", 1)
+    card = path / "README.md"
+    found = CARD_ID.search(card.read_text(encoding="utf-8", errors="replace")) if card.is_file() else None
+    return found.group(1) if found else None
+
+
+def read_modules(path: Path) -> list[Module]:
+    """modules.json, each entry checked: a module the graph cannot reproduce is refused by name."""
+    modules = []
+    for entry in json.loads((path / "modules.json").read_text(encoding="utf-8")):
+        kind = str(entry.get("type", "")).rpartition(".")[2]
+        if kind not in MODULES:
+            raise ValueError(f"{path / 'modules.json'} lists the module {entry.get('type')!r}, which cannot be "
+                             f"exported (known: {', '.join(MODULES)})")
+        modules.append(Module(kind, path / entry.get("path", "")))
+    if not modules or modules[0].kind != "Transformer" or any(m.kind == "Transformer" for m in modules[1:]):
+        raise ValueError(f"{path / 'modules.json'} must start with its one Transformer module")
+    return modules
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -74,19 +121,48 @@ def _max_length(config: Any, tokenizer: Any, st_config: dict[str, Any]) -> int:
     return int(min(candidates))
 
 
-def _task_facts(path: Path, task: str, config: Any, is_st: bool) -> TaskFacts:
+def _embedding_facts(path: Path, config: Any, modules: list[Module],
+                     flag: str | None) -> tuple[TaskFacts, list[Module]]:
+    """Pooling as the model declares it (or as --pooling says where it declares none), and the modules after it."""
+    kinds = [m.kind for m in modules]
+    if flag is not None and any(mode not in POOLINGS for mode in flag.split("+")):
+        raise ValueError(f"--pooling {flag!r}: use one of {', '.join(POOLINGS)} (or several joined by +)")
+    if "Pooling" not in kinds:
+        if flag is None:
+            raise ValueError(f"{path.name} declares no pooling (no sentence-transformers Pooling module); pass "
+                             f"--pooling with one of {', '.join(POOLINGS)}, as its model card says")
+        if modules[1:]:
+            raise ValueError(f"{path.name}: modules after the Transformer but no Pooling module "
+                             f"({', '.join(kinds[1:])})")
+        pooling, after = flag, []
+    else:
+        at = kinds.index("Pooling")
+        pooling, include_prompt = pooling_mode(_read_json(modules[at].path / "config.json"))
+        if flag is not None and flag != pooling:
+            raise ValueError(f"--pooling {flag} contradicts the model's own Pooling config ({pooling})")
+        if not include_prompt:
+            raise ValueError("the Pooling config excludes prompt tokens (include_prompt=false), which the server "
+                             "cannot reproduce")
+        if any(kind != "Transformer" for kind in kinds[:at]):
+            raise ValueError(f"{path.name}: a module before Pooling cannot be exported ({', '.join(kinds[:at])})")
+        after = modules[at + 1:]
+    if any(m.kind == "Pooling" for m in after):
+        raise ValueError(f"{path.name}: more than one Pooling module")
+    normalize = bool(after) and after[-1].kind == "Normalize"
+    head = after[:-1] if normalize else after
+    st = _read_json(path / "config_sentence_transformers.json")
+    prompts = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()}
+    default = st.get("default_prompt_name") or None
+    if default is not None and default not in prompts:
+        raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts ({', '.join(prompts)})")
+    facts = TaskFacts(pooling=pooling, pooled_in_graph=bool(head), normalize=normalize,
+                      embedding_dim=_embedding_dim(config, pooling, head), prompts=prompts,
+                      default_prompt_name=default)
+    return facts, head
+
+
+def _task_facts(task: str, config: Any) -> TaskFacts:
     id2label = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
-    if task == "feature-extraction":
-        pooling, normalize = "mean", False
-        if is_st:
-            modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-            for module in modules:
-                kind = module.get("type", "")
-                if kind.endswith("Pooling"):
-                    pooling = _pooling_mode(_read_json(path / module.get("path", "") / "config.json"))
-                elif kind.endswith("Normalize"):
-                    normalize = True
-        return TaskFacts(pooling=pooling, normalize=normalize, embedding_dim=_hidden_size(config))
     if task == "ranking":
         if len(id2label) != 1:
             raise ValueError(f"ranking needs a cross-encoder with one output label; this model has {len(id2label)}")
@@ -97,14 +173,33 @@ def _task_facts(path: Path, task: str, config: Any, is_st: bool) -> TaskFacts:
     return TaskFacts(id2label=id2label, score_activation="softmax")
 
 
-def _pooling_mode(pooling: dict[str, Any]) -> str:
-    if pooling.get("pooling_mode_cls_token"):
-        return "cls"
-    if pooling.get("pooling_mode_max_tokens"):
-        return "max"
-    if pooling.get("pooling_mode_mean_tokens", True):
-        return "mean"
-    raise ValueError(f"unsupported sentence-transformers pooling config: {pooling}")
+LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+POOLING_KEYS = {"pooling_mode", "include_prompt", "embedding_dimension", "word_embedding_dimension", *LEGACY_MODES}
+
+
+def pooling_mode(config: dict[str, Any]) -> tuple[str, bool]:
+    """A Pooling config.json, old (one boolean per mode) or new ("pooling_mode"), -> ("a+b", include_prompt)."""
+    unknown = sorted(set(config) - POOLING_KEYS)
+    if unknown:
+        raise ValueError(f"the Pooling config has keys this optimizer does not know: {', '.join(unknown)}")
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in LEGACY_MODES.items() if config.get(key)] or ["mean"]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    bad = [m for m in modes if m not in POOLINGS]
+    if bad or not modes:
+        raise ValueError(f"unknown pooling mode {bad or modes} in the Pooling config (known: {', '.join(POOLINGS)})")
+    return "+".join(modes), bool(config.get("include_prompt", True))
+
+
+def _embedding_dim(config: Any, pooling: str, head: list[Module]) -> int:
+    dense = [m for m in head if m.kind == "Dense"]
+    if dense:
+        return int(_read_json(dense[-1].path / "config.json")["out_features"])
+    return _hidden_size(config) * len(pooling.split("+"))
 
 
 def _hidden_size(config: Any) -> int:

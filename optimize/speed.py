@@ -22,7 +22,7 @@ def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True) -> A
 
 def median_ms(session: Any, sequence: int = 128, batch: int = 1, runs: int = 15) -> float:
     """Median wall time of one run on a batch of `sequence` tokens, after a warm-up."""
-    ids = np.full((batch, sequence), 1000, dtype=np.int64)
+    ids = np.full((batch, sequence), 5, dtype=np.int64)  # any id inside the smallest vocabulary
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
     for _ in range(3):

@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.models import build_minilm_head, build_tiny_distilbert, minilm_dir  # noqa: E402
+from tests.models import (build_minilm_head, build_tiny_distilbert, build_tiny_gemma3_embedding,  # noqa: E402
+                          build_tiny_qwen3_embedding, minilm_dir)
 
 ArtifactFactory = Callable[..., Path]
 
@@ -32,6 +33,10 @@ class ArtifactCache:
             shutil.rmtree(path, ignore_errors=True)
             if name == "distilbert-tiny":
                 build_tiny_distilbert(path)
+            elif name == "qwen3-tiny":
+                build_tiny_qwen3_embedding(path)
+            elif name == "gemma3-tiny":
+                build_tiny_gemma3_embedding(path)
             else:
                 build_minilm_head(name, path)
         return path

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 LABELS = {
     "sequence-classification": ["negative", "neutral", "positive"],
@@ -81,4 +82,104 @@ def build_tiny_distilbert(out: Path, seed: int = 0) -> Path:
     calibrate_head(model, tokenizer, "sequence-classification")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    return out
+
+
+EOS = "<|endoftext|>"
+QWEN3_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": ""}
+
+
+def build_byte_bpe_tokenizer(out: Path, bos: str | None = None, eos: str = EOS, padding_side: str = "left") -> Any:
+    """A small byte-level BPE tokenizer (any text encodes) trained on fixed texts, that appends `eos` to every
+    input in its post-processor as Qwen3-Embedding's tokenizer.json does (and puts `bos` first, if given)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from optimize.probes import CALIBRATION_SINGLES, SINGLES
+
+    specials = [eos] + ([bos] if bos else [])
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([*CALIBRATION_TEXTS, *SINGLES, *CALIBRATION_SINGLES], trainer)
+    ids = {token: tokenizer.token_to_id(token) for token in specials}
+    first = f"{bos} " if bos else ""
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{first}$A {eos}", pair=f"{first}$A {eos} $B {eos}", special_tokens=list(ids.items()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, pad_token=eos, bos_token=bos,
+                                   padding_side=padding_side, model_max_length=512)
+    fast.save_pretrained(out)
+    return fast
+
+
+def _write_json(path: Path, data: Any) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def build_tiny_qwen3_embedding(out: Path, seed: int = 0) -> Path:
+    """A tiny random Qwen3 as Qwen3-Embedding is published: last-token pooling over the <|endoftext|> its
+    tokenizer appends, left padding, instruction prompts, a Normalize module (files written as published)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    tokenizer = build_byte_bpe_tokenizer(out)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    Qwen3Model(config).eval().save_pretrained(out)
+    _write_json(out / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}])
+    _write_json(out / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True, "include_prompt": True})
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    _write_json(out / "config_sentence_transformers.json",
+                {"prompts": QWEN3_PROMPTS, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+    _write_json(out / "sentence_bert_config.json", {"max_seq_length": 512, "do_lower_case": False})
+    return out
+
+
+def build_tiny_gemma3_embedding(out: Path, seed: int = 0, bidirectional: bool = True) -> Path:
+    """A tiny random gemma3_text as EmbeddingGemma is built: bidirectional attention, mean pooling, two Dense
+    modules after it and Normalize, saved by sentence-transformers itself (its current file format)."""
+    import warnings
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    backbone = out / "backbone"
+    tokenizer = build_byte_bpe_tokenizer(backbone, bos="<bos>", eos="<eos>", padding_side="right")
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                              sliding_window=16, use_bidirectional_attention=bidirectional,
+                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    Gemma3TextModel(config).eval().save_pretrained(backbone)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    torch.manual_seed(seed + 1)
+    modules = [Transformer(str(backbone), max_seq_length=512), Pooling(32, pooling_mode="mean"),
+               Dense(32, 64, bias=False, activation_function=torch.nn.Identity()),
+               Dense(64, 48, bias=False, activation_function=torch.nn.Identity()), Normalize()]
+    model = SentenceTransformer(modules=modules, device="cpu",
+                                prompts={"query": "task: search result | query: ", "document": "title: none | text: "},
+                                default_prompt_name="query")
+    model.save(str(out))
+    import shutil
+    shutil.rmtree(backbone)
     return out

@@ -59,7 +59,7 @@ def test_openai_client_base64_default_float_and_dimensions(embedder: Server) -> 
     expected = np.array(predicted(embedder, TEXTS))
     default = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)  # asks for base64
     np.testing.assert_allclose(np.array([d.embedding for d in default.data]), expected, atol=1e-6)
-    assert [d.index for d in default.data] == [0, 1, 2, 3] and default.model == "all-MiniLM-L6-v2"
+    assert [d.index for d in default.data] == [0, 1, 2, 3] and default.model == "sentence-transformers/all-MiniLM-L6-v2"
     assert default.usage.prompt_tokens == default.usage.total_tokens > len(TEXTS)
     floats = client.embeddings.create(model="m", input=TEXTS[0], encoding_format="float")
     np.testing.assert_allclose(floats.data[0].embedding, expected[0], atol=1e-6)

@@ -16,15 +16,18 @@ from infinity.tasks.ranking import Ranking
 def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     """The routes this artifact serves, in the order the OpenAPI document lists them."""
     task, limit, tokenizer = model.task, settings.max_inputs_per_request, model.tokenizer
+    name = ops.served_name(model.manifest, settings)
+    if isinstance(task, FeatureExtraction) and settings.default_prompt_name is not None:
+        task.use_default_prompt(settings.default_prompt_name)
     served = hf.endpoints(task, limit)
     if isinstance(task, FeatureExtraction):
-        served += openai.embeddings(task, limit, tokenizer.vocab_size) + [tei.embed(task, limit)]
+        served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
     if isinstance(task, Ranking):
         served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
-    served += [openai.models(model.manifest, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
+    served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
                tei.decode(tokenizer, limit)]
     served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)
-    served += kserve.endpoints(task, model.manifest.public_model_id, limit, settings.public_metadata)
+    served += kserve.endpoints(task, ops.served_name(model.manifest, settings), limit, settings.public_metadata)
     return served + platform_routes(served, task, limit, settings)
 
 

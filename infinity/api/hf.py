@@ -33,7 +33,8 @@ def body_schema(task: Task, limit: int) -> Object:
         "parameters": Object(parameters, fill_defaults=False),
         "options": Object({}, open=True, description="accepted and ignored, as the Inference API sends it"),
     }
-    fields.update({name: parameters[name] for name in (*task.top_level, "truncate", "truncation_direction")})
+    fields.update({name: parameters[name] for name in (*task.top_level, "truncate", "truncation_direction")
+                   if name in parameters})
     return Object(fields, required=("inputs",), fill_defaults=False)
 
 

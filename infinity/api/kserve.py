@@ -96,7 +96,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
     parameters = Object({**task.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
-    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1, max_items=len(spec.inputs)),
+    schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1),
                      "outputs": Array(requested, max_items=1), "parameters": parameters},
                     required=("inputs",), fill_defaults=False)
 

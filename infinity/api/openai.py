@@ -9,7 +9,6 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, Family, JSONResponse, Render
-from infinity.manifest import Manifest
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
@@ -43,11 +42,12 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
     return Object({
         "input": inputs,
-        "model": Text(description="accepted and echoed; this server runs one model"),
+        "model": Text(description="accepted; this server runs one model, whose name every answer carries"),
         "encoding_format": Choice(("float", "base64"), default="float",
                                   description="base64: little-endian float32 bytes"),
         "dimensions": task.parameters()["dimensions"],
         "user": Text(allow_blank=True, description="accepted and ignored"),
+        **task.prompt_fields(),  # not OpenAI's: the python client sends prompt_name with extra_body
     }, required=("input",))
 
 
@@ -67,18 +67,17 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
     return vector
 
 
-def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[Endpoint]:
-    name = task.manifest.public_model_id
+def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) -> list[Endpoint]:
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             vectors = task.embed(result.rows, task.manifest.task.normalize, body.get("dimensions"))
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
                     for i, v in enumerate(vectors)]
-            return {"object": "list", "data": data, "model": body.get("model", name),
+            return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
-        return _request(body["input"]), render
+        return task.prompted(_request(body["input"]), body.get("prompt_name")), render
 
     vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {
@@ -92,8 +91,8 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int) -> list[End
                      tasks=(FeatureExtraction.name,), errors=ERRORS) for path in EMBEDDINGS]
 
 
-def models(manifest: Manifest, started: int, protected: bool) -> Endpoint:
-    listing = {"object": "list", "data": [{"id": manifest.public_model_id, "object": "model", "created": started,
+def models(name: str, started: int, protected: bool) -> Endpoint:
+    listing = {"object": "list", "data": [{"id": name, "object": "model", "created": started,
                                            "owned_by": "infinity"}]}
 
     async def view(request: HTTPRequest) -> Response:

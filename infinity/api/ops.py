@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import platform
 from importlib import metadata
+
 import onnxruntime
 import tokenizers
 from starlette.requests import Request as HTTPRequest
@@ -10,8 +11,10 @@ from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, JSONResponse
 from infinity.api.hf import HF
+from infinity.manifest import Manifest
 from infinity.metrics import CONTENT_TYPE
 from infinity.service import Service
+from infinity.settings import Settings
 
 PLAIN = {"type": "object"}
 
@@ -33,18 +36,31 @@ async def ready(request: HTTPRequest) -> Response:
     return HF.failure(503, "the model is not ready", "unhealthy")
 
 
+def served_name(manifest: Manifest, settings: Settings) -> str:
+    """The model's name as every route shows it: --served-model-name, else the manifest's."""
+    return settings.served_model_name or manifest.public_model_id
+
+
 async def info(request: HTTPRequest) -> Response:
     service: Service = request.state.service
     manifest, settings = service.model.manifest, service.settings
+    facts = manifest.task
     return JSONResponse({
-        "model": {"id": manifest.public_model_id, "revision": manifest.source.revision,
+        "model": {"id": served_name(manifest, settings), "revision": manifest.source.revision,
                   "type": manifest.source.model_type},
+        # TEI's /info fields, for clients written against it
+        "model_id": served_name(manifest, settings), "model_sha": manifest.source.revision,
+        "model_dtype": manifest.model.precision, "max_input_length": manifest.tokenizer.max_length,
+        "max_client_batch_size": settings.max_inputs_per_request, "version": version(),
         "task": manifest.source.task,
         "target": {"name": manifest.target.name, "providers": manifest.target.providers,
                    "required_cpu_flags": manifest.target.required_cpu_flags},
         "precision": manifest.model.precision,
         "max_length": manifest.tokenizer.max_length,
-        "labels": manifest.task.id2label,
+        "labels": facts.id2label,
+        "pooling": facts.pooling,
+        "prompts": {"names": sorted(facts.prompts),
+                    "default": settings.default_prompt_name or facts.default_prompt_name},
         "parity": {"passed": manifest.parity.passed, "overridden": manifest.parity.overridden,
                    "reference": manifest.parity.reference, "metrics": manifest.parity.metrics,
                    "thresholds": manifest.parity.thresholds, "failures": manifest.parity.failures},

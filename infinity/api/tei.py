@@ -26,15 +26,16 @@ def _cut(request: Request, body: dict[str, Any]) -> Request:
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
-                     "dimensions": task.parameters()["dimensions"], **truncation()}, required=("inputs",))
+                     "dimensions": task.parameters()["dimensions"], **task.prompt_fields(),
+                     **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
 
         def render(result: Result) -> Any:
             return task.embed(result.rows, body["normalize"], body.get("dimensions"))
 
-        return _cut(Request(texts), body), render
+        return task.prompted(_cut(Request(texts), body), body.get("prompt_name")), render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)

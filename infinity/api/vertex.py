@@ -18,8 +18,7 @@ from infinity.tasks import Request, Task
 
 def predict(task: Task, limit: int, route: str) -> Endpoint:
     parameters = Object({**task.parameters(), **hf.truncation()}, fill_defaults=False)
-    # each instance is one input (a list in an instance counts toward the limit too): limit 1 inside, limit outside
-    schema = Object({"instances": Array(task.inputs(1), max_items=limit), "parameters": parameters},
+    schema = Object({"instances": Array(task.inputs(limit), max_items=limit), "parameters": parameters},
                     required=("instances",), fill_defaults=False)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:

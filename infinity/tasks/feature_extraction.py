@@ -1,23 +1,42 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from infinity.errors import ValidationError
-from infinity.schema import Array, Boolean, Integer, Object, OneOf, Schema, Text
+from infinity.manifest import Manifest
+from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task
 from infinity.tokenization import Encoded
 
 
 def pool(hidden: np.ndarray, attention_mask: np.ndarray, pooling: str) -> np.ndarray:
+    """sentence-transformers' pooling over a padded batch, padded on either side; "a+b" concatenates modes."""
     hidden = hidden.astype(np.float32)
-    if pooling == "cls":
-        return hidden[:, 0]
-    mask = attention_mask[..., None].astype(np.float32)
-    if pooling == "max":
-        return np.where(mask > 0, hidden, -1e9).max(axis=1)
-    return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+    return np.concatenate([_pool_one(hidden, attention_mask, mode) for mode in pooling.split("+")], axis=-1)
+
+
+def _pool_one(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarray:
+    rows = np.arange(len(hidden))
+    real = attention_mask > 0
+    if mode == "cls":
+        return hidden[rows, real.argmax(axis=1)]  # the first real token
+    if mode == "lasttoken":
+        return hidden[rows, real.shape[1] - 1 - real[:, ::-1].argmax(axis=1)]  # the last real token
+    mask = real[..., None].astype(np.float32)
+    if mode == "max":
+        return np.where(mask > 0, hidden, -np.inf).max(axis=1)
+    if mode == "weightedmean":
+        # weights 1, 2, 3 ... from each row's first real token
+        mask = mask * (np.arange(1, real.shape[1] + 1) - real.argmax(axis=1)[:, None])[..., None]
+    total = np.maximum(mask.sum(axis=1), 1e-9)
+    if mode == "mean_sqrt_len_tokens":
+        total = np.sqrt(total)
+    elif mode not in ("mean", "weightedmean"):
+        raise ValueError(f"unknown pooling mode {mode!r}")
+    return (hidden * mask).sum(axis=1) / total
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
@@ -26,7 +45,49 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 class FeatureExtraction(Task):
     name = "feature-extraction"
-    top_level = ("normalize", "dimensions")
+    top_level = ("normalize", "dimensions", "prompt_name")
+
+    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
+        super().__init__(manifest, directory)
+        self.default_prompt_name = manifest.task.default_prompt_name
+
+    def use_default_prompt(self, name: str) -> None:
+        """Serve with this prompt when a request names none (instead of the model's own default)."""
+        if name not in self.manifest.task.prompts:
+            raise ValueError(f"the default prompt name {name!r} is not one of the model's prompts "
+                             f"({', '.join(self.manifest.task.prompts) or 'it has none'})")
+        self.default_prompt_name = name
+
+    def prompt_fields(self) -> dict[str, Schema]:
+        """`prompt_name`, one of the model's prompts; a model without prompts takes no such field."""
+        prompts = tuple(self.manifest.task.prompts)
+        if not prompts:
+            return {}
+        default = f" (default: {self.default_prompt_name!r})" if self.default_prompt_name else ""
+        return {"prompt_name": Choice(prompts, description=f"the model's prompt put before each text{default}")}
+
+    def prompt(self, name: str | None) -> str:
+        """The text of the named prompt, or of the default one; "" where neither is set."""
+        name = self.default_prompt_name if name is None else name
+        if name is None:
+            return ""
+        prompts = self.manifest.task.prompts
+        if name not in prompts:
+            known = f"this model's prompts are {', '.join(prompts)}" if prompts else "this model has no prompts"
+            raise ValidationError(f"unknown prompt_name {name!r}: {known}")
+        return prompts[name]
+
+    def prompted(self, request: Request, name: str | None) -> Request:
+        """The request's texts with the prompt before each (so token counts and truncation include it); token
+        ids run as given."""
+        if request.token_ids is not None:
+            if name is not None:
+                raise ValidationError("prompt_name applies to texts, not to token ids")
+            return request
+        prompt = self.prompt(name)
+        if prompt:
+            request.texts = [prompt + text for text in request.texts]  # type: ignore[operator]  # texts, not pairs
+        return request
 
     @property
     def dim(self) -> int | None:
@@ -43,7 +104,8 @@ class FeatureExtraction(Task):
         return {"normalize": Boolean(default=self.manifest.task.normalize,
                                      description="scale each vector to unit length"),
                 "dimensions": Integer(minimum=1, maximum=self.dim,
-                                      description="keep the first N dimensions (Matryoshka), then normalize")}
+                                      description="keep the first N dimensions (Matryoshka), then normalize"),
+                **self.prompt_fields()}
 
     def vector_doc(self) -> dict[str, Any]:
         """One embedding: `dimensions` shortens it, so its length is a range."""
@@ -63,13 +125,17 @@ class FeatureExtraction(Task):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.manifest.task.normalize),
                    "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict)}
+        name = params.get("prompt_name")
         if options["similarity"]:
-            return Parsed(Request([inputs["source_sentence"], *inputs["sentences"]]), options, single=False)
+            texts = [inputs["source_sentence"], *inputs["sentences"]]
+            return Parsed(self.prompted(Request(texts), name), options, single=False)
         if isinstance(inputs, str):
-            return Parsed(Request([inputs]), options, single=True)
-        return Parsed(Request(inputs), options, single=False)
+            return Parsed(self.prompted(Request([inputs]), name), options, single=True)
+        return Parsed(self.prompted(Request(list(inputs)), name), options, single=False)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        if self.manifest.task.pooled_in_graph:
+            return output.astype(np.float32)
         return pool(output, attention_mask, self.manifest.task.pooling or "mean")
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
