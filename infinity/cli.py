@@ -82,8 +82,8 @@ def _kind(field: dataclasses.Field[Any]) -> type:
     """The scalar type of a Settings field (int for `int | None`)."""
     hint = typing.get_type_hints(Settings)[field.name]
     if isinstance(hint, types.UnionType):
-        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    return hint
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return typing.cast(type, hint)
 
 
 def _parse(kind: type, text: str, source: str) -> Any:

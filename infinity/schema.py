@@ -155,7 +155,7 @@ class Integer(Schema):
             raise ValidationError(f"{where} must be at least {low}")
         if value > high:
             raise ValidationError(f"{where} must be at most {high}")
-        return value
+        return int(value)
 
     def doc(self) -> dict[str, Any]:
         low, high = self.bounds

@@ -22,7 +22,7 @@ from infinity.tasks import Request
 
 log = logging.getLogger("infinity.api")
 
-Render = Callable[[Result | None], Any]
+Render = Callable[[Any], Any]  # the core's Result, or None for the routes that run no model
 Prepare = Callable[[Any], tuple[Request | None, Render]]
 View = Callable[[HTTPRequest], Awaitable[Response]]
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the request": nobody reads it

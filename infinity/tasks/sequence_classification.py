@@ -18,7 +18,7 @@ def _text(item: Any) -> TextInput:
         return (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
     if isinstance(item, list):
         return (item[0], item[1])
-    return item
+    return str(item)
 
 
 class SequenceClassification(Task):
