@@ -25,6 +25,7 @@ class QuantizationConfig:
     split_outliers: bool = True  # per_tensor: outlier input channels of each MatMul go through a small float MatMul
     activations: str = "per_token"
     smoothing_alpha: float = 0.5  # per_token: s = range_x^alpha / range_w^(1 - alpha)
+    weight_bits_why: str = ""  # why this target's kernels want weight_bits
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
@@ -80,10 +81,18 @@ class TargetPreset:
         return "CPUExecutionProvider" not in self.providers[:1]
 
 
-# Every CPU target: per-token activations (batch-invariant) and 7-bit per-channel weights. On VNNI the 8th weight
-# bit would be free of saturation, but 7-bit products are exact on every x86 INT8 path, so the parity measured on
-# the build host is exactly what any host serves.
-PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token")
+# Every CPU target: per-token activations (batch-invariant), per-channel weights. The weight bits follow the
+# integer dot product the target's CPUs have: VPDPBUSD (AVX-512 VNNI) sums u8 x s8 products in 32 bits, so 8-bit
+# weights are exact there; VPMADDUBSW (AVX2, AVX-512 without VNNI) adds pairs of products into int16, which
+# 8-bit weights can saturate, so those targets keep 7 bits. A VNNI artifact names avx512_vnni among its required
+# CPU flags, so the server refuses a host whose kernels would saturate it.
+VNNI_WEIGHTS = "8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits, nothing saturates"
+NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x s8 products into int16, which "
+                   "8-bit weights can saturate")
+PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
+                                    activations="per_token", weight_bits_why=VNNI_WEIGHTS)
+PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token",
+                               weight_bits_why=NO_VNNI_WEIGHTS)
 # onnxruntime's dynamic INT8 (one scale per padded batch), kept for comparison and for --recipe per-tensor.
 PER_TENSOR_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
                                      activations="per_tensor")
@@ -107,13 +116,12 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
     TargetPreset(
         "icelake",
         "AVX-512 VNNI: per-token INT8 (one scale per token: an answer never depends on its batch), SmoothQuant "
-        "alpha 0.5, per-channel weights at 7 bits. VPDPBUSD would not saturate 8-bit weights, but 7-bit products "
-        "are exact on every x86 INT8 path, so the parity measured on any build host is what this host serves.",
-        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN),
+        "alpha 0.5, per-channel weights at 8 bits (VPDPBUSD sums in 32 bits, so they cannot saturate).",
+        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_VNNI),
     TargetPreset(
         "cascadelake",
-        "AVX-512 VNNI like Ice Lake (first VNNI generation): same per-token recipe.",
-        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN),
+        "AVX-512 VNNI like Ice Lake (first VNNI generation): same per-token recipe, 8-bit weights.",
+        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_VNNI),
     TargetPreset(
         "skylake",
         "AVX-512 without VNNI: per-token INT8 as on Ice Lake; u8 x s8 goes through VPMADDUBSW, whose int16 pair "

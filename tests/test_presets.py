@@ -22,11 +22,14 @@ def test_unknown_target_names_the_choices():
         resolve_target("pentium")
 
 
-@pytest.mark.parametrize("name", ["icelake", "cascadelake", "skylake", "avx2"])
-def test_cpu_presets_quantize_per_token_with_7_bit_weights(name):
+@pytest.mark.parametrize("name, bits, kernel", [("icelake", 8, "VPDPBUSD"), ("cascadelake", 8, "VPDPBUSD"),
+                                                ("skylake", 7, "VPMADDUBSW"), ("avx2", 7, "VPMADDUBSW")])
+def test_cpu_presets_quantize_per_token_with_the_weight_bits_their_dot_product_allows(name, bits, kernel):
     q = PRESETS[name].quantization
-    assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, 7)
-    assert q.batch_invariant and q.to_dict()["weight_bits"] == 7
+    assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, bits)
+    assert q.batch_invariant and q.to_dict()["weight_bits"] == bits and kernel in q.weight_bits_why
+    # 8-bit weights only where the server will refuse a host without VNNI
+    assert (bits == 8) == ("avx512_vnni" in PRESETS[name].required_cpu_flags)
     assert "per-token" in PRESETS[name].why or "per-token" in PRESETS[name].why.lower()
 
 
