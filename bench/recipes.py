@@ -3,26 +3,35 @@
     python -m bench.recipes                                  # writes bench/results/recipes.md
     python -m bench.recipes --extra "earlier artifact=path/model.onnx"
 
-Speed: every variant in this one process, taking turns over ROUNDS rounds on the same inputs (2 threads, no
-spinning); each cell is the median of the per-round medians. Parity: the optimizer's own served check (each
-held-out input alone and inside mixed-length batches up to the server's limits, the worse of the two).
+Speed: every variant in this one process; for each cell the variants take turns call by call, so drift and other
+processes on the cores land on all of them alike; each cell is the median (and the minimum) of those calls, 2
+threads, no spinning. The ratio column divides by onnxruntime's plain `quantize_dynamic` of the same fused graph.
+Parity: the optimizer's own served check (each held-out input alone and inside mixed-length batches up to the
+server's limits, the worse of the two).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench.run import RESULTS, WORK
+from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from optimize.heldout import heldout_inputs
 from optimize.parity import THRESHOLDS
-from optimize.speed import SHAPES, cpu_session, host_cpu_name, median_ms
+from optimize.speed import cpu_session, host_cpu_name
 
-ROUNDS = 5
 TASK = "feature-extraction"
-PLAIN = "per-tensor dynamic, full INT8 (no split, no search)"
-DEFAULT = "per-token u8 x 7-bit s8, SmoothQuant 0.5, one-sided GELU inputs (default, every CPU target)"
+CELLS = ((1, 8), (1, 64), (1, 256), (8, 64), (32, 128))
+CALLS = 400_000  # tokens per cell and variant: 60 calls at 8 tokens down to 3 at 32 x 128 (floors below)
+DYNAMIC = "onnxruntime quantize_dynamic of the same fused graph (per-channel s8 weights, u8 activations)"
+DEFAULT = "the artifact: per-token INT8 (--target auto)"
+INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_int8", "avx_vnni")
 
 
 def minilm() -> str:
@@ -32,60 +41,44 @@ def minilm() -> str:
 
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
-    from optimize.export import export_onnx
     from optimize.outliers import activation_ranges
     from optimize.per_token import per_token_candidates, quantize_per_token
     from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.presets import PER_TENSOR_NO_VNNI
+    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, resolve_target
     from optimize.quantize import quantize
     from optimize.reference import OnnxRunner, calibration_inputs
-    from optimize.source import load_source
     from infinity.tokenization import TextTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
+    target = resolve_target("auto")
     artifacts = {}
-    for name, precision, activations in (("fp32", "fp32", None), ("per_token", "int8", "per_token")):
+    for name, precision in (("fp32", "fp32"), (f"per_token_{target.name}", "int8")):
         path = out / name
         if not (path / "manifest.json").is_file():
-            optimize(OptimizeOptions(model=minilm(), task=TASK, out=path, target="avx2", precision=precision,
-                                     activations=activations, allow_failed_parity=True, threads=2))
+            optimize(OptimizeOptions(model=minilm(), task=TASK, out=path, target=target.name, precision=precision,
+                                     allow_failed_parity=True, threads=2))
         artifacts[name] = path
     fused = artifacts["fp32"] / "model.onnx"
-    variants = {"fp32 (fused)": fused, DEFAULT: artifacts["per_token"] / "model.onnx"}
+    variants = {"fp32 (fused)": fused, f"{DEFAULT}: {target.name}": artifacts[f"per_token_{target.name}"] / "model.onnx"}
 
-    plain_int8 = out / "per_tensor_full.onnx"
-    if not plain_int8.is_file():
-        quantize(fused, plain_int8, PER_TENSOR_NO_VNNI)
-    variants[PLAIN] = plain_int8
-
-    manifest = Manifest.load(artifacts["fp32"])
-    eight_bit = out / "per_token_w8.onnx"
-    if not eight_bit.is_file():
+    other_bits = 8 if target.quantization and target.quantization.weight_bits == 7 else 7
+    other = out / f"per_token_w{other_bits}.onnx"
+    if not other.is_file():
+        manifest = Manifest.load(artifacts["fp32"])
         tokenizer = TextTokenizer(artifacts["fp32"] / "tokenizer.json", manifest.tokenizer.max_length,
                                   manifest.tokenizer.pad_id)
         runner = OnnxRunner(tokenizer, TASK, manifest.task, 2)
         nodes = per_token_candidates(fused)
         ranges = activation_ranges(fused, nodes, (f for _, f in runner.batches(calibration_inputs(TASK))), 2)
-        quantize_per_token(fused, eight_bit, ranges, weight_bits=8)
-    variants["per-token u8 x 8-bit s8 (saturates VPMADDUBSW without VNNI)"] = eight_bit
+        quantize_per_token(fused, other, ranges, weight_bits=other_bits)
+    variants[f"per-token, {other_bits}-bit weights"] = other
 
-    nbits = out / "matmul_nbits.onnx"
-    if not nbits.is_file():
-        exported = out / "exported.onnx"
-        export_onnx(load_source(minilm(), TASK), exported)
-        matmul_nbits(exported, nbits)
-    variants["MatMulNBits 8-bit weights, accuracy_level 4 (all 36 MatMuls, unfused export)"] = nbits
+    vnni = "avx512_vnni" in cpu_flags()
+    dynamic = out / f"quantize_dynamic_{'vnni' if vnni else 'reduce_range'}.onnx"
+    if not dynamic.is_file():
+        quantize(fused, dynamic, PER_TENSOR_VNNI if vnni else PER_TENSOR_NO_VNNI)
+    variants[DYNAMIC] = dynamic
     return artifacts["fp32"], variants
-
-
-def matmul_nbits(src: Path, dst: Path) -> None:
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True,
-                                     accuracy_level=4)
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(dst))
 
 
 def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[str, float]]:
@@ -106,42 +99,69 @@ def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[s
     return rows
 
 
-def speed_rows(variants: dict[str, Path], rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
+def _feeds(session: Any, batch: int, sequence: int) -> dict[str, np.ndarray]:
+    ids = np.full((batch, sequence), 1000, dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    return {i.name: feeds[i.name] for i in session.get_inputs()}
+
+
+def speed_rows(variants: dict[str, Path], scale: float = 1.0) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
+    """(median, min) ms per variant and cell, the variants taking turns call by call."""
     sessions = {name: cpu_session(path, threads=2, spin_wait=False) for name, path in variants.items()}
-    samples = {name: {shape: [] for shape in SHAPES} for name in sessions}
-    for _ in range(rounds):
+    cells: dict[str, dict[tuple[int, int], tuple[float, float]]] = {name: {} for name in sessions}
+    for batch, sequence in CELLS:
+        feeds = {name: _feeds(session, batch, sequence) for name, session in sessions.items()}
         for name, session in sessions.items():
-            for shape, (batch, sequence) in SHAPES.items():
-                samples[name][shape].append(median_ms(session, sequence, batch, runs=9 if batch * sequence <= 64 else 4))
-    return {name: {shape: statistics.median(v) for shape, v in shapes.items()} for name, shapes in samples.items()}
+            for _ in range(2):
+                session.run(None, feeds[name])
+        samples: dict[str, list[float]] = {name: [] for name in sessions}
+        for _ in range(max(3, int(scale * min(60, CALLS // (batch * sequence * 20) + 3)))):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(None, feeds[name])
+                samples[name].append((time.perf_counter() - start) * 1000)
+        for name, values in samples.items():
+            cells[name][(batch, sequence)] = (statistics.median(values), min(values))
+    return cells
+
+
+def table(variants: dict[str, Path], speed: dict, parity: dict | None) -> list[str]:
+    flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
+    lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}; INT8-relevant CPU flags: {flags})", "",
+             "In-process ms, 2 threads: median of calls taken in turns (min in brackets), x = this / "
+             "quantize_dynamic (median ratio)" + ("; parity as served on the held-out texts: cosine_min alone / "
+                                                  "batched (mean); invariance: max |alone - batched|." if parity else "."),
+             "",
+             "| recipe | " + " | ".join(f"b{b} s{s}" for b, s in CELLS) + (" | cosine_min alone / batched (mean) | "
+                                                                          "invariance | passes |" if parity else " |"),
+             "|---|" + "---|" * len(CELLS) + ("---|---|---|" if parity else "")]
+    base = speed[DYNAMIC]
+    for name in variants:
+        cells = " | ".join(f"{speed[name][c][0]:.2f} ({speed[name][c][1]:.2f}) x{speed[name][c][0] / base[c][0]:.2f}"
+                           for c in CELLS)
+        row = f"| {name} | {cells} |"
+        if parity:
+            p = parity[name]
+            row += (f" {p['alone']:.4f} / {p['batched']:.4f} ({p['mean']:.4f}) | {p['invariance']:.3g} | "
+                    f"{'yes' if p['passed'] else 'no'} |")
+        lines.append(row)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=MODEL.ONNX",
                         help="another MiniLM graph to compare in the same run, e.g. the artifact an earlier "
-                             "commit's recipe built (per-tensor with outlier split: multiverse optimize --activations "
-                             "per_tensor builds it, searching for parity as served)")
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
+                             "commit's recipe built")
+    parser.add_argument("--calls", type=float, default=1.0, help="scale the number of calls per cell")
+    parser.add_argument("--no-parity", action="store_true", help="speed only (parity takes minutes)")
     args = parser.parse_args(argv)
     served_dir, variants = build_variants(WORK / "recipes")
     for item in args.extra:
         name, _, path = item.partition("=")
         variants[name] = Path(path)
-    parity = parity_rows(served_dir, variants)
-    speed = speed_rows(variants, args.rounds)
-    base = speed[PLAIN]
-    lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}, {len(heldout_inputs(TASK))} held-out texts)", "",
-             "In-process ms, 2 threads, median of round-robin rounds (x = plain per-tensor INT8 / this); parity as "
-             "served: cosine_min alone / batched (mean); invariance: max |alone - batched| of the served vector.", "",
-             "| recipe | b1 seq 8 | b1 seq 64 | b1 seq 256 | b8 x 64 | cosine_min alone / batched (mean) | "
-             "invariance | passes |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name in variants:
-        ms = " | ".join(f"{speed[name][s]:.1f} (x{base[s] / speed[name][s]:.2f})" for s in SHAPES)
-        p = parity[name]
-        lines.append(f"| {name} | {ms} | {p['alone']:.4f} / {p['batched']:.4f} ({p['mean']:.4f}) | "
-                     f"{p['invariance']:.3g} | {'yes' if p['passed'] else 'no'} |")
+    parity = None if args.no_parity else parity_rows(served_dir, variants)
+    lines = table(variants, speed_rows(variants, args.calls), parity)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "recipes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

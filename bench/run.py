@@ -31,6 +31,7 @@ from bench.process import Server, free_port
 from bench.short import HEADER, servers, short_requests, table
 from bench.texts import text_with_tokens
 from infinity.hostinfo import cpu_flags
+from infinity.manifest import Quantization
 from infinity.model import LoadedModel
 
 SEQS = [8, 16, 32, 64, 128, 256, 384, 512]
@@ -215,8 +216,8 @@ def plots(data: dict) -> None:
            ylabel="speed-up over vanilla transformers", title="Speed-up over vanilla, batch 1, concurrency 1")
 
 
-def outlier_summary(quantization: dict) -> str:
-    outliers = quantization.get("outliers", {})
+def outlier_summary(quantization: Quantization | None) -> str:
+    outliers = quantization.outliers if quantization else {}
     if not outliers.get("applied"):
         return "no outlier split"
     return (f"{outliers['channels']} outlier input channels of {outliers['nodes']} MatMuls in float, "
@@ -305,8 +306,8 @@ def main() -> int:
                             "isa": ", ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "amx", "avx2")))),
                             "onnxruntime": onnxruntime.__version__, "target": manifest.target.name,
                             "kept_float": len(manifest.optimization.kept_float),
-                            "candidates": (manifest.optimization.quantization or {}).get("candidates", 0),
-                            "outliers": outlier_summary(manifest.optimization.quantization or {}),
+                            "candidates": getattr(manifest.optimization.quantization, "candidates", 0),
+                            "outliers": outlier_summary(manifest.optimization.quantization),
                             "parity": "passed" if manifest.parity.passed else "failed it, overridden"},
         }
         data["side_by_side"] = side_by_side(ours, vanilla, tokenizer_json, seqs, rounds, seconds, max_requests)

@@ -79,14 +79,58 @@ class TaskFacts:
 
 
 @dataclass
+class Quantization:
+    """How the INT8 graph was made, and why: the recipe, the settings the target chose, what the search did.
+
+    Args:
+        mode: "per_token" (one activation scale per row: batch-invariant) or "dynamic" (one per padded batch).
+        weight_bits: 8, or 7 where the target's dot product adds u8 x s8 pairs into int16 (reduce_range).
+        weight_bits_why: the target's reason for those bits.
+        candidates, kept_float: quantizable nodes, and how many of them parity kept in float.
+        smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs.
+        outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
+        latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time.
+    """
+    mode: str
+    weight_type: str = "QInt8"
+    activation_type: str = "QUInt8"
+    activations: str = "per_token"
+    weight_bits: int = 8
+    weight_bits_why: str = ""
+    per_channel: bool = True
+    reduce_range: bool = False
+    op_types: list[str] = field(default_factory=list)
+    split_outliers: bool = False
+    smoothing_alpha: float = 0.5
+    batch_invariant: bool = False
+    candidates: int = 0
+    kept_float: int = 0
+    trials: int = 0
+    calibration_inputs: int = 0
+    recipe_from: str | None = None
+    why: str = ""
+    full_int8_metrics: dict[str, float] = field(default_factory=dict)
+    smoothing: dict[str, int] = field(default_factory=dict)
+    outliers: dict[str, Any] = field(default_factory=dict)
+    float_weight_params: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    latency_ms_seq128: dict[str, float] = field(default_factory=dict)
+    latency_host: str = ""
+
+
+@dataclass
 class Optimization:
     fusion: dict[str, int] = field(default_factory=dict)
     fusion_gaps: list[str] = field(default_factory=list)
-    quantization: dict[str, Any] | None = None
+    quantization: Quantization | None = None
     kept_float: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     exported_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.quantization, dict):  # the optimizer's record, typed once here
+            self.quantization = conform(Quantization, self.quantization, "optimization.quantization")
 
 
 @dataclass

@@ -102,16 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  target {manifest.target.name}, {manifest.model.precision}, task {manifest.source.task}, "
           f"max length {manifest.tokenizer.max_length}")
     print(f"  size {opt.exported_bytes / 1e6:.1f} MB exported -> {manifest.model.size_bytes / 1e6:.1f} MB optimized")
-    if opt.quantization:
-        outliers = opt.quantization.get("outliers", {})
+    q = opt.quantization
+    if q:
+        outliers = q.outliers
         split = (f"; {outliers['channels']} outlier input channels in float, {len(outliers['smoothed'])} attention "
                  "inputs smoothed" if outliers.get("applied") else "")
-        print(f"  recipe {opt.quantization['mode']}: quantized {opt.quantization['candidates'] - len(opt.kept_float)} "
-              f"of {opt.quantization['candidates']} nodes; {len(opt.kept_float)} kept in float for parity{split}")
-        if "latency_ms" in opt.quantization:
+        print(f"  recipe {q.mode}, {q.weight_bits}-bit weights ({q.weight_bits_why or 'no reason recorded'}): "
+              f"quantized {q.candidates - len(opt.kept_float)} of {q.candidates} nodes; {len(opt.kept_float)} kept in "
+              f"float for parity{split}")
+        if q.latency_ms:
             print("  in-process ms on this host (fp32 -> this artifact): " + ", ".join(
-                f"{shape} {opt.quantization['latency_ms']['fp32'][shape]:.1f} -> {ms:.1f}"
-                for shape, ms in opt.quantization["latency_ms"]["final"].items()))
+                f"{shape} {q.latency_ms['fp32'][shape]:.1f} -> {ms:.1f}" for shape, ms in q.latency_ms["final"].items()))
     print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} held-out inputs, worst of alone "
           f"and batched: {metrics} -> {'passed' if manifest.parity.passed else 'FAILED'}")
     print("  batch invariance (alone vs batched): "

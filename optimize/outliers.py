@@ -66,7 +66,9 @@ def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[
         real = feeds["attention_mask"].astype(bool)
         for tensor in set(inputs.values()):
             value = values[tensor]
-            value = value[real] if value.ndim == 3 else value.reshape(-1, value.shape[-1])
+            # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative position
+            # embeddings are [1, positions, hidden] whatever the batch) is taken whole
+            value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
             peak = np.abs(value).max(axis=0)
             ranges[tensor] = np.maximum(ranges[tensor], peak) if tensor in ranges else peak
     return {node: ranges[tensor] for node, tensor in inputs.items()}

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, version_converter
 
 MS = "com.microsoft"
+OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
 
@@ -61,7 +62,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
                        alpha: float = 0.5, exclude: list[str] | None = None,
                        activation_bits: int = 8) -> PerTokenRecord:
     """`ranges`: per-channel max |input| of each candidate node from calibration (None: no smoothing)."""
-    model = onnx.load(str(src))
+    model = _at_opset(onnx.load(str(src)))
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
     skipped = set(exclude or [])
@@ -112,6 +113,10 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     # (twice the resolution of symmetric codes); the shift's constant product is taken out of the output bias.
     shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
     new_nodes: list[onnx.NodeProto] = []
+    zero_points = _ZeroPoints(graph, new_nodes)
+    # shared zero points take [batch, sequence] from the first input's leading dims
+    leading = len(graph.input[0].type.tensor_type.shape.dim)
+    ranks = {name: rank for name, rank in activation_ranks(model).items() if 1 < rank <= leading + 1}
     prologue_done: set[str] = set()
     for node in graph.node:
         if node.name not in chosen_names:
@@ -132,7 +137,10 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
                 new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
                                                   name=f"{smoothed}/Mul"))
                 source = smoothed
-            new_nodes.extend(_prologue(source, quantized, row_scale, graph, activation_bits, one_sided))
+            zero = 0 if one_sided else activation_levels(activation_bits)[1]
+            zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
+            new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, float_weights[node.name].shape[0],
+                                       graph, activation_bits, one_sided))
             prologue_done.add(tensor)
         shift = None
         if one_sided:
@@ -163,29 +171,76 @@ def activation_levels(bits: int) -> tuple[int, int]:
     return 2 ** (bits - 1) - 1, 2 ** (bits - 1)
 
 
-def _prologue(x: str, quantized: str, row_scale: str, graph: onnx.GraphProto, bits: int,
-              one_sided: bool = False) -> list[onnx.NodeProto]:
-    """x -> (u8 codes, per-row scale): q = floor(x * L / max|x| + zero + 0.5), scale = max|x| / L; one-sided
-    (x >= 0): L = 255 and zero = 0."""
+def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, zero: int, width: int,
+              graph: onnx.GraphProto, bits: int, one_sided: bool = False) -> list[onnx.NodeProto]:
+    """x -> (u8 codes, per-row scale): scale = max|x| / L, q = round(x / scale) + zero; one-sided (x >= 0): L = 255
+    and zero = 0. Three passes over x (Abs, ReduceMax, QuantizeLinear), where DynamicQuantizeLinear makes two.
+    An all-zero row needs no guard: its scale 0 makes codes QuantizeLinear saturates, and the MatMul multiplies
+    their integer products by that 0.
+    `zero_point`: the shared zero-point tensor of x's rank, or None to shape one from this row scale."""
     p = quantized
-    levels, zero = (255, 0) if one_sided else activation_levels(bits)
-    _const(graph, f"{p}/eps", np.array(1e-12, np.float32))
-    _const(graph, f"{p}/levels", np.array(float(levels), np.float32))
+    shaped = []
+    if zero_point is None:
+        zero_point = f"{p}/zero_point"
+        shaped = [helper.make_node("Shape", [row_scale], [f"{p}/scale_shape"], name=f"{p}/Shape"),
+                  helper.make_node("Expand", [_const(graph, f"{p}/zero", np.array(zero, np.uint8)),
+                                              f"{p}/scale_shape"], [zero_point], name=f"{p}/Expand")]
+    levels = 255 if one_sided else activation_levels(bits)[0]
+    _const(graph, f"{p}/axes", np.array([-1], np.int64))
     _const(graph, f"{p}/step", np.array(1 / levels, np.float32))
-    _const(graph, f"{p}/offset", np.array(zero + 0.5, np.float32))
     magnitude = [] if one_sided else [helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs")]
     return [
         *magnitude,
-        helper.make_node("ReduceMax", [x if one_sided else f"{p}/abs"], [f"{p}/peak0"], name=f"{p}/ReduceMax",
-                         axes=[-1], keepdims=1),
-        helper.make_node("Max", [f"{p}/peak0", f"{p}/eps"], [f"{p}/peak"], name=f"{p}/Max"),
-        helper.make_node("Div", [f"{p}/levels", f"{p}/peak"], [f"{p}/inverse"], name=f"{p}/Div"),
+        helper.make_node("ReduceMax", [x if one_sided else f"{p}/abs", f"{p}/axes"], [f"{p}/peak"],
+                         name=f"{p}/ReduceMax", keepdims=1),
         helper.make_node("Mul", [f"{p}/peak", f"{p}/step"], [row_scale], name=f"{p}/RowScale"),
-        helper.make_node("Mul", [x, f"{p}/inverse"], [f"{p}/scaled"], name=f"{p}/Scale"),
-        helper.make_node("Add", [f"{p}/scaled", f"{p}/offset"], [f"{p}/centred"], name=f"{p}/Shift"),
-        # Cast truncates; the values are positive, so +0.5 then truncation rounds to nearest.
-        helper.make_node("Cast", [f"{p}/centred"], [quantized], name=f"{p}/Cast", to=onnx.TensorProto.UINT8),
+        *shaped,
+        helper.make_node("QuantizeLinear", [x, row_scale, zero_point], [quantized], name=f"{p}/QuantizeLinear",
+                         axis=-1, block_size=width),
     ]
+
+
+class _ZeroPoints:
+    """The u8 zero-point tensors QuantizeLinear needs in the scale's shape (leading dims of the activation, then 1):
+    one per activation rank and value, shaped once from the first graph input's leading [batch, sequence]."""
+
+    def __init__(self, graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+        self.graph, self.nodes = graph, nodes
+        self.made: dict[tuple[int, int], str] = {}
+
+    def get(self, rank: int, zero: int) -> str:
+        key = (rank, zero)
+        if key not in self.made:
+            name = f"per_token/zero_point/rank{rank}/{zero}"
+            source = self.graph.input[0].name
+            self.nodes += [
+                helper.make_node("Shape", [source], [f"{name}/leading"], name=f"{name}/Shape", end=rank - 1),
+                helper.make_node("Concat", [f"{name}/leading", _const(self.graph, f"{name}/one",
+                                                                      np.array([1], np.int64))],
+                                 [f"{name}/shape"], name=f"{name}/Concat", axis=0),
+                helper.make_node("Expand", [_const(self.graph, f"{name}/value", np.array(zero, np.uint8)),
+                                            f"{name}/shape"], [name], name=f"{name}/Expand"),
+            ]
+            self.made[key] = name
+        return self.made[key]
+
+
+def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Rank of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators); {} where it
+    cannot run, and each prologue then shapes its own zero point."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
+        return {}
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
+            if v.type.tensor_type.HasField("shape")}
+
+
+def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    return model if current >= OPSET else version_converter.convert_version(model, OPSET)
 
 
 def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -202,32 +257,44 @@ def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.nda
             weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False) -> list[onnx.NodeProto]:
     p = node.name
     codes, scale = quantize_weight(weight, bits)
+    _const(graph, f"{p}/a_zero", np.array(0 if one_sided else activation_levels(activation_bits)[1], np.uint8))
+    if node.op_type == "Attention":
+        return _attention(node, quantized, row_scale, codes, scale, bias, graph)
     _const(graph, f"{p}/w_q", codes)
     _const(graph, f"{p}/w_scale", scale)
-    _const(graph, f"{p}/a_scale", np.array(1.0, np.float32))
-    _const(graph, f"{p}/a_zero", np.array(0 if one_sided else activation_levels(activation_bits)[1], np.uint8))
     product = f"{p}/product"
     correction = None if shift is None else (shift @ (codes.astype(np.float32) * scale)).astype(np.float32)
     folded = correction is not None and _fold_bias(node.output[0], correction, consumers or {}, weights or {})
-    rows_out = product if node.op_type == "Attention" or (correction is not None and not folded) else node.output[0]
+    rows_out = product if correction is not None and not folded else node.output[0]
+    # the row scale [..., M, 1] as A's scale: the kernel applies it to its output, no Mul of its own
     nodes = [
-        helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/w_q", f"{p}/a_scale", f"{p}/w_scale",
-                                                  f"{p}/a_zero"], [f"{p}/columns"], name=f"{p}/MatMulInteger",
-                         domain=MS),
-        helper.make_node("Mul", [f"{p}/columns", row_scale], [rows_out], name=f"{p}/Rows"),
+        helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/w_q", row_scale, f"{p}/w_scale", f"{p}/a_zero"],
+                         [rows_out], name=f"{p}/MatMulInteger", domain=MS),
     ]
     if correction is not None and not folded:
         nodes.append(helper.make_node("Sub", [product, _const(graph, f"{p}/shift_product", correction)],
                                       [node.output[0]], name=f"{p}/Unshift"))
-    if node.op_type != "Attention":
-        return nodes
-    hidden = weight.shape[1] // 3
+    return nodes
+
+
+def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.ndarray, scale: np.ndarray,
+               bias: np.ndarray | None, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Q, K and V as three INT8 MatMuls of the same codes (no Split to copy them apart), then MultiHeadAttention."""
+    p = node.name
+    hidden = codes.shape[1] // 3
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     mask = node.input[3] if len(node.input) > 3 else ""
-    _const(graph, f"{p}/split", np.array([hidden] * 3, np.int64))
     extra = {"mask_filter_value": attrs["mask_filter_value"]} if "mask_filter_value" in attrs else {}
     if "scale" in attrs:
         extra["scale"] = attrs["scale"]
+    nodes = []
+    for index, part in enumerate("qkv"):
+        columns = slice(index * hidden, (index + 1) * hidden)
+        _const(graph, f"{p}/{part}/w_q", np.ascontiguousarray(codes[:, columns]))
+        _const(graph, f"{p}/{part}/w_scale", np.ascontiguousarray(scale[columns]))
+        nodes.append(helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/{part}/w_q", row_scale,
+                                                               f"{p}/{part}/w_scale", f"{p}/a_zero"],
+                                      [f"{p}/{part}"], name=f"{p}/MatMulInteger_{part}", domain=MS))
     inputs = [f"{p}/q", f"{p}/k", f"{p}/v"]
     if bias is not None:
         inputs.append(_const(graph, f"{p}/qkv_bias", bias.astype(np.float32)))
@@ -235,11 +302,8 @@ def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.nda
         inputs.append("")
     if mask:
         inputs.append(mask)
-    nodes += [
-        helper.make_node("Split", [product, f"{p}/split"], [f"{p}/q", f"{p}/k", f"{p}/v"], name=f"{p}/Split", axis=-1),
-        helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention", domain=MS,
-                         num_heads=attrs["num_heads"], **extra),
-    ]
+    nodes.append(helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention",
+                                  domain=MS, num_heads=attrs["num_heads"], **extra))
     return nodes
 
 

@@ -51,8 +51,8 @@ class OutlierLimits:
 
 def outlier_limits(artifact: Path | str) -> OutlierLimits | None:
     """How many outlier channels the artifact split off per layer role; None where it split none off."""
-    quantization = Manifest.load(artifact).optimization.quantization or {}
-    outliers = quantization.get("outliers", {})
+    quantization = Manifest.load(artifact).optimization.quantization
+    outliers = quantization.outliers if quantization else {}
     if not outliers.get("applied"):
         return None
     return OutlierLimits({node_role(name): count for name, count in outliers.get("per_node", {}).items()})

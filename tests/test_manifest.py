@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from infinity.manifest import (SCHEMA_VERSION, Manifest, ManifestError, ModelFile, Optimization, Parity, Source,
-                               Target, TaskFacts, TokenizerFile, sha256_file, verify_checksums, write_atomically)
+from infinity.manifest import (SCHEMA_VERSION, Manifest, ManifestError, ModelFile, Optimization, Parity, Quantization,
+                               Source, Target, TaskFacts, TokenizerFile, sha256_file, verify_checksums, write_atomically)
 
 
 def make_manifest(directory):
@@ -17,7 +17,7 @@ def make_manifest(directory):
         tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(directory / "tokenizer.json"),
                                 max_length=128, pad_id=0),
         task=TaskFacts(id2label={0: "NEG", 1: "POS"}, score_activation="softmax"),
-        optimization=Optimization(fusion={"Attention": 2}, quantization={"weight_type": "QInt8"}),
+        optimization=Optimization(fusion={"Attention": 2}, quantization=Quantization(mode="per_token")),
         parity=Parity(reference="ref", probe_size=3, metrics={"top1_agreement": 1.0},
                       thresholds={"top1_agreement": 0.99}, passed=True),
     )
@@ -135,3 +135,40 @@ def test_the_public_model_id_never_shows_a_build_host_path(tmp_path, model, publ
     manifest = make_manifest(tmp_path)
     manifest.source.model = model
     assert manifest.public_model_id == public
+
+
+# the quantization record as the optimizer wrote it before it was typed (a per-token MiniLM artifact)
+EARLIER_QUANTIZATION = {
+    "activation_type": "QUInt8", "activations": "per_token", "batch_invariant": True, "calibration_inputs": 18,
+    "candidates": 24, "kept_float": 0, "latency_host": "AMD EPYC",
+    "latency_ms": {"final": {"b1_seq8": 0.99}, "fp32": {"b1_seq8": 1.98}}, "mode": "per_token",
+    "op_types": ["MatMul", "Attention"], "per_channel": True, "reduce_range": True, "split_outliers": True,
+    "outliers": {"applied": False, "reason": "per-token recipe"}, "smoothing_alpha": 0.5, "trials": 1,
+    "smoothing": {"one_sided_gelu_inputs": 6, "quantized": 24, "smoothed_inputs": 24,
+                  "smoothing_folded_into_weights": 6},
+    "full_int8_metrics": {"cosine_min": 0.99}, "weight_bits": 7, "weight_type": "QInt8", "why": "Generic AVX2",
+}
+
+
+def test_an_earlier_untyped_quantization_record_loads_typed(tmp_path):
+    manifest = make_manifest(tmp_path)
+    data = manifest.to_dict()
+    data["optimization"]["quantization"] = EARLIER_QUANTIZATION
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    q = Manifest.load(tmp_path).optimization.quantization
+    assert isinstance(q, Quantization)
+    assert (q.mode, q.weight_bits, q.reduce_range, q.smoothing["smoothed_inputs"]) == ("per_token", 7, True, 24)
+    assert q.weight_bits_why == ""  # not recorded then
+
+
+def test_the_optimizers_record_is_typed_and_an_unknown_key_is_named(tmp_path):
+    record = {**EARLIER_QUANTIZATION, "weight_bits_why": "VPDPBUSD sums in 32 bits"}
+    assert Optimization(quantization=record).quantization == Quantization(**record)
+    with pytest.raises(ValueError, match="optimization.quantization.bits"):
+        Optimization(quantization={**record, "bits": 8})
+    manifest = make_manifest(tmp_path)
+    data = manifest.to_dict()
+    data["optimization"]["quantization"]["weight_bits"] = "eight"
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="optimization.quantization.weight_bits must be an integer"):
+        Manifest.load(tmp_path)

@@ -104,3 +104,30 @@ def test_limits_carry_a_channel_count_instead_of_the_ratio(graph, tmp_path):
     ranges = activation_ranges(path, ["ffn/MatMul", "out/MatMul"], calibration)
     split = split_outliers(path, tmp_path / "split.onnx", ranges, limits={"ffn/MatMul": 5})
     assert split.channels == {"ffn/MatMul": 5} and split.float_nodes == ["ffn/MatMul/outliers/MatMul"]
+
+
+def test_ranges_of_an_input_without_the_batch_axis_cover_all_its_rows(tmp_path):
+    """DeBERTa multiplies relative position embeddings ([1, positions, hidden], whatever the batch) by weights:
+    their range is over every row, where the activations' is over the real tokens only."""
+    rng = np.random.default_rng(0)
+    positions = rng.normal(size=(1, 5, 8)).astype(np.float32)
+    positions[0, 4, 3] = 40.0  # the largest value sits in a row past every input's length
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="tokens/MatMul"),
+         helper.make_node("Identity", ["positions"], ["relative"], name="relative/Identity"),
+         helper.make_node("MatMul", ["relative", "w2"], ["z"], name="positions/MatMul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w2"),
+         numpy_helper.from_array(positions, "positions")])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = rng.normal(size=(3, 2, 8)).astype(np.float32)
+    mask = np.array([[1, 1], [1, 0], [1, 1]], np.int64)
+    x[1, 1] = 99.0  # padding: never counted
+    ranges = activation_ranges(path, ["tokens/MatMul", "positions/MatMul"], [{"x": x, "attention_mask": mask}])
+    np.testing.assert_array_equal(ranges["tokens/MatMul"], np.abs(x[mask.astype(bool)]).max(axis=0))
+    np.testing.assert_array_equal(ranges["positions/MatMul"], np.abs(positions[0]).max(axis=0))

@@ -27,8 +27,8 @@ def test_rows_answer_alike_alone_and_batched_and_closer_than_per_tensor(graph, t
     record = quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=7)
     assert len(record.quantized) == 3 and record.smoothed_inputs == 3
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "pt.onnx")).graph.node)
-    assert ops["MatMulIntegerToFloat"] == 3 and ops["MultiHeadAttention"] == 1
-    assert not {"DynamicQuantizeLinear", "MatMul", "Attention"} & set(ops)
+    assert ops["MatMulIntegerToFloat"] == 5 and ops["MultiHeadAttention"] == 1  # Q, K, V apart: no Split
+    assert not {"DynamicQuantizeLinear", "MatMul", "Attention", "Split"} & set(ops)
 
     batched = run(tmp_path / "pt.onnx", held_out)
     for row in range(len(held_out["x"])):
@@ -49,3 +49,39 @@ def test_excluded_nodes_stay_float(graph, tmp_path):  # noqa: F811
     record = quantize_per_token(path, tmp_path / "pt.onnx", None, exclude=["Attention_0"])
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "pt.onnx")).graph.node)
     assert record.quantized == ["ffn/MatMul", "out/MatMul"] and ops["Attention"] == 1 and record.smoothed_inputs == 0
+
+
+def prologue_ops(model: onnx.ModelProto) -> Counter:
+    """Operators of the per-input prologues (named after the tensor they quantize: `<tensor>/q/<op>`)."""
+    return Counter(n.op_type for n in model.graph.node if "/q/" in n.name)
+
+
+def test_each_quantized_input_costs_abs_reducemax_scale_and_one_quantizelinear(graph, tmp_path):  # noqa: F811
+    path, calibration, _ = graph
+    ranges = activation_ranges(path, per_token_candidates(path), calibration)
+    quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=8)
+    model = onnx.load(str(tmp_path / "pt.onnx"))
+    ops = Counter(n.op_type for n in model.graph.node)
+    inputs = ops["QuantizeLinear"]
+    assert inputs == 3  # the attention input, its output and the FFN input: one prologue per tensor
+    # no Div, Max, Add or Cast per input, and the row scale goes into the MatMul instead of a Mul after it
+    assert not {"Div", "Max", "Cast", "DynamicQuantizeLinear"} & set(ops)
+    assert prologue_ops(model) == Counter({"QuantizeLinear": 3, "Mul": 3, "ReduceMax": 3, "Abs": 3})
+    # the u8 zero points of all inputs are one shared tensor
+    assert ops["Expand"] == 1 and "Expand" not in prologue_ops(model)
+    assert {o.domain: o.version for o in model.opset_import}[""] >= 21
+
+
+def test_a_row_of_zeros_gives_zeros_and_a_row_is_bit_identical_in_any_batch(graph, tmp_path):  # noqa: F811
+    path, calibration, held_out = graph
+    ranges = activation_ranges(path, per_token_candidates(path), calibration)
+    quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=8)
+    zeros = {"x": np.zeros_like(held_out["x"][:1]), "attention_mask": held_out["attention_mask"][:1]}
+    assert np.isfinite(run(tmp_path / "pt.onnx", zeros)).all()
+    # every row alone, then in batches of every size: the same bits
+    alone = [run(tmp_path / "pt.onnx", {k: v[row:row + 1] for k, v in held_out.items()})[0]
+             for row in range(len(held_out["x"]))]
+    for size in range(2, len(held_out["x"]) + 1):
+        batched = run(tmp_path / "pt.onnx", {k: v[:size] for k, v in held_out.items()})
+        for row in range(size):
+            assert np.array_equal(batched[row], alone[row]), (size, row)

@@ -1,6 +1,6 @@
 import pytest
 
-from optimize.presets import PRESETS, QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
+from optimize.presets import PER_TOKEN_VNNI, PRESETS, QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
 
 VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
 SKYLAKE_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw"})
@@ -22,12 +22,16 @@ def test_unknown_target_names_the_choices():
         resolve_target("pentium")
 
 
-@pytest.mark.parametrize("name", ["icelake", "cascadelake", "skylake", "avx2"])
-def test_cpu_presets_quantize_per_token_with_7_bit_weights(name):
+@pytest.mark.parametrize("name, kernel", [("icelake", "VPDPBUSD"), ("cascadelake", "VPDPBUSD"),
+                                          ("skylake", "VPMADDUBSW"), ("avx2", "VPMADDUBSW")])
+def test_cpu_presets_quantize_per_token_with_7_bit_weights_and_say_why(name, kernel):
     q = PRESETS[name].quantization
     assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, 7)
-    assert q.batch_invariant and q.to_dict()["weight_bits"] == 7
-    assert "per-token" in PRESETS[name].why or "per-token" in PRESETS[name].why.lower()
+    assert q.batch_invariant and q.to_dict()["weight_bits"] == 7 and kernel in q.to_dict()["weight_bits_why"]
+
+
+def test_the_8_bit_alternative_is_named_for_vnni():
+    assert PER_TOKEN_VNNI.weight_bits == 8 and "VPDPBUSD" in PER_TOKEN_VNNI.weight_bits_why
 
 
 def test_per_token_needs_signed_per_channel_weights():
