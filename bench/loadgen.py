@@ -30,8 +30,9 @@ class LoadResult:
 
 
 class Connection:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, headers: str = "") -> None:
         self.host, self.port = host, port
+        self.headers = headers  # extra header lines, each ending in CRLF
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -39,7 +40,7 @@ class Connection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+        head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n{self.headers}"
                 f"content-length: {len(body)}\r\n\r\n").encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
@@ -78,14 +79,14 @@ async def _one(connection: Connection, body: bytes, result: LoadResult, schedule
 
 
 async def closed_loop(port: int, payload: dict, concurrency: int, requests: int, max_seconds: float,
-                      host: str = "127.0.0.1") -> LoadResult:
+                      host: str = "127.0.0.1", headers: str = "") -> LoadResult:
     body, result = orjson.dumps(payload), LoadResult()
     remaining = requests
     deadline = time.perf_counter() + max_seconds
 
     async def worker() -> None:
         nonlocal remaining
-        connection = Connection(host, port)
+        connection = Connection(host, port, headers)
         try:
             while remaining > 0 and time.perf_counter() < deadline:
                 remaining -= 1
