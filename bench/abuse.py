@@ -158,7 +158,8 @@ async def idle_flood(port: int, seconds: float) -> str:
 
 
 async def stalled_bodies(port: int, seconds: float) -> str:
-    return await _hold(port, 40, max(seconds, STALL_S), b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    return await _hold(port, 40, max(seconds, STALL_S),
+                       b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
                                     b"Content-Length: 1000\r\n\r\n{\"inputs\": \"", None)
 
 
@@ -255,7 +256,7 @@ async def retry_storm(port: int, seconds: float, clients: int = 300) -> Storm:
             ok, len(ok), refused.get("429", 0), served)
 
 
-def _storm_elsewhere(port: int, seconds: float, nice: int, answer: "multiprocessing.connection.Connection") -> None:
+def _storm_elsewhere(port: int, seconds: float, nice: int, answer: multiprocessing.connection.Connection) -> None:
     os.nice(nice)
     answer.send(asyncio.run(retry_storm(port, seconds)))
 
@@ -404,7 +405,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "stalled-lockout", "disconnect-storm", "concurrency",
+SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "stalled-lockout", "disconnect-storm",
+             "concurrency",
              "retry-storm", "soak")
 
 
@@ -484,11 +486,13 @@ def main(argv: list[str] | None = None) -> int:
             did, admitted, count, refused, inside_ms = storm_process(port, seconds, args.attacker_nice)
             per_refusal = (loop_cpu_s(process.pid) - cpu - count * per_200) / max(1, refused)
             # the 200s' share is an estimate: only when 429s dominate is the remainder theirs
-            refusal_cost = f"{per_refusal * 1e6:.0f} us" if refused > 10 * count and per_refusal > 0 else "not separable"
+            separable = refused > 10 * count and per_refusal > 0
+            refusal_cost = f"{per_refusal * 1e6:.0f} us" if separable else "not separable"
             full = served / (seconds / 2)
             p99 = percentile(admitted, 99) if admitted else float("inf")
             inside = percentile(inside_ms, 99) if inside_ms else float("inf")
-            record("retry storm", f"300 clients re-sending at once, no back-off, in a process at nice {args.attacker_nice}",
+            record("retry storm",
+                   f"300 clients re-sending at once, no back-off, in a process at nice {args.attacker_nice}",
                    f"{did}; capacity at concurrency 8: {full:.0f}/s; 200s/s / capacity = "
                    f"{count / seconds / full:.2f}; p99 of 200s / unloaded p99 = {p99 / unloaded_p99:.1f} at the "
                    f"client, {inside / unloaded_p99:.1f} inside the server; "

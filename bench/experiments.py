@@ -82,7 +82,8 @@ def quantize_static_for_timing(src: Path, dst: Path, quant_format: str) -> None:
             return next(self.items, None)
 
     quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat[quant_format], per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    op_types_to_quantize=["MatMul", "Gemm"])
 
 
 def main() -> None:

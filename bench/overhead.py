@@ -84,7 +84,8 @@ def main() -> int:
                 time.sleep(0.1)
             else:
                 raise RuntimeError("the server did not become ready")
-            print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} {'HTTP/in-process':>16}")
+            print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} "
+                  f"{'HTTP/in-process':>16}")
             for seq in args.seq:
                 text = text_with_tokens(str(args.artifact / model.manifest.tokenizer.file), seq)
                 row = compare(port, model, text, args.requests)

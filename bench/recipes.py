@@ -41,13 +41,13 @@ def minilm() -> str:
 
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
+    from infinity.tokenization import TextTokenizer
     from optimize.outliers import activation_ranges
     from optimize.per_token import per_token_candidates, quantize_per_token
     from optimize.pipeline import OptimizeOptions, optimize
     from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, resolve_target
     from optimize.quantize import quantize
     from optimize.reference import OnnxRunner, calibration_inputs
-    from infinity.tokenization import TextTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target("auto")
@@ -59,7 +59,8 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
                                      allow_failed_parity=True, threads=2))
         artifacts[name] = path
     fused = artifacts["fp32"] / "model.onnx"
-    variants = {"fp32 (fused)": fused, f"{DEFAULT}: {target.name}": artifacts[f"per_token_{target.name}"] / "model.onnx"}
+    artifact = artifacts[f"per_token_{target.name}"] / "model.onnx"
+    variants = {"fp32 (fused)": fused, f"{DEFAULT}: {target.name}": artifact}
 
     other_bits = 8 if target.quantization and target.quantization.weight_bits == 7 else 7
     other = out / f"per_token_w{other_bits}.onnx"
@@ -129,8 +130,9 @@ def table(variants: dict[str, Path], speed: dict, parity: dict | None) -> list[s
     flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
     lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}; INT8-relevant CPU flags: {flags})", "",
              "In-process ms, 2 threads: median of calls taken in turns (min in brackets), x = this / "
-             "quantize_dynamic (median ratio)" + ("; parity as served on the held-out texts: cosine_min alone / "
-                                                  "batched (mean); invariance: max |alone - batched|." if parity else "."),
+             "quantize_dynamic (median ratio)"
+             + ("; parity as served on the held-out texts: cosine_min alone / batched (mean); invariance: "
+                "max |alone - batched|." if parity else "."),
              "",
              "| recipe | " + " | ".join(f"b{b} s{s}" for b, s in CELLS) + (" | cosine_min alone / batched (mean) | "
                                                                           "invariance | passes |" if parity else " |"),

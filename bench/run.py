@@ -23,7 +23,6 @@ from pathlib import Path
 import orjson
 
 import optimize
-
 from bench.loadgen import LoadResult, closed_loop
 from bench.model import build_distilbert_base
 from bench.overhead import compare
@@ -107,7 +106,8 @@ def side_by_side(ours: Server, vanilla: Server, tokenizer_json: str, seqs: list[
             vanilla_runs.append(asyncio.run(closed_loop(vanilla.port, payload, 1, max_requests, seconds)))
         a, b = merge(ours_runs).summary(), merge(vanilla_runs).summary()
         row = {"seq": seq, "ours": a, "vanilla": b,
-               "infinity_published_rps": PUBLISHED_INFINITY_RPS[seq], "vanilla_published_rps": PUBLISHED_VANILLA_RPS[seq]}
+               "infinity_published_rps": PUBLISHED_INFINITY_RPS[seq],
+               "vanilla_published_rps": PUBLISHED_VANILLA_RPS[seq]}
         row["ours_vs_infinity"] = a["throughput_rps"] / PUBLISHED_INFINITY_RPS[seq]
         row["ours_vs_vanilla"] = a["throughput_rps"] / b["throughput_rps"]
         rows.append(row)
@@ -258,9 +258,9 @@ def report(data: dict) -> str:
     lines += [f"| {r['seq']} | {r['in_process_p50_ms']:.2f} | {r['http_p50_ms']:.2f} | {r['compute_p50_ms']:.2f} | "
               f"{r['ratio']:.2f} |" for r in data["overhead"]]
     b = data["batching"]
+    c16, c1 = b["concurrency_16"]["throughput_rps"], b["concurrency_1"]["throughput_rps"]
     lines += ["", f"Dynamic batching at seq 16: concurrency 16 gives x{b['throughput_gain']:.2f} the throughput of "
-              f"concurrency 1 ({b['concurrency_16']['throughput_rps']:.1f} vs {b['concurrency_1']['throughput_rps']:.1f}"
-              f" req/s), p99/p50 = {b['p99_over_p50_at_16']:.2f}.", ""]
+              f"concurrency 1 ({c16:.1f} vs {c1:.1f} req/s), p99/p50 = {b['p99_over_p50_at_16']:.2f}.", ""]
     if data.get("engine_sweep"):
         lines += ["In-process sweep (sequences/s, p50 ms):", "", "| cores | seq | batch | seq/s | p50 | p99 |",
                   "|---|---|---|---|---|---|"]
@@ -303,7 +303,8 @@ def main() -> int:
         data = {
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "mode": "quick" if args.quick else "full",
             "environment": {"cpu": cpu_model(), "cores": args.cores,
-                            "isa": ", ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "amx", "avx2")))),
+                            "isa": ", ".join(sorted(f for f in cpu_flags()
+                                                    if f.startswith(("avx512_vnni", "amx", "avx2")))),
                             "onnxruntime": onnxruntime.__version__, "target": manifest.target.name,
                             "kept_float": len(manifest.optimization.kept_float),
                             "candidates": getattr(manifest.optimization.quantization, "candidates", 0),

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"require Authorization: Bearer KEY on inference routes; repeat for several keys "
                             f"[env {ENV_PREFIX}API_KEY, comma-separated]")
     serve.add_argument("--api-key-file", metavar="PATH",
-                       help=f"read API keys from a file, one per line (a mounted secret) [env {ENV_PREFIX}API_KEY_FILE]")
+                       help="read API keys from a file, one per line (a mounted secret) "
+                            f"[env {ENV_PREFIX}API_KEY_FILE]")
     for field in _scalar_fields():
         flag = "--" + field.name.replace("_", "-")
         env = ENV_PREFIX + field.name.upper()

@@ -26,7 +26,7 @@ class LoadedModel:
 
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
-             verify: bool = True, spin_wait: bool = True, spin_wait_us: int = SPIN_WAIT_US) -> "LoadedModel":
+             verify: bool = True, spin_wait: bool = True, spin_wait_us: int = SPIN_WAIT_US) -> LoadedModel:
         directory = Path(directory)
         manifest = Manifest.load(directory)
         if verify:

@@ -79,7 +79,8 @@ CALIBRATION_SINGLES: tuple[str, ...] = (
     "<div class=\"header\"><a href=\"/home\">Home</a></div>",
     " ".join(["data"] * 60),
     "A detailed account. " + " ".join(
-        "The train was delayed twice, yet the conductor kept everyone informed and calm throughout." for _ in range(10)),
+        "The train was delayed twice, yet the conductor kept everyone informed and calm throughout."
+        for _ in range(10)),
 )
 
 CALIBRATION_PAIRS: tuple[tuple[str, str], ...] = (

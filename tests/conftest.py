@@ -12,8 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.models import (build_minilm_head, build_tiny_distilbert, build_tiny_gemma3_embedding,  # noqa: E402
-                          build_tiny_qwen3_embedding, minilm_dir)
+from tests.models import (  # noqa: E402
+    build_minilm_head,
+    build_tiny_distilbert,
+    build_tiny_gemma3_embedding,
+    build_tiny_qwen3_embedding,
+    minilm_dir,
+)
 
 ArtifactFactory = Callable[..., Path]
 

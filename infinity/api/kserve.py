@@ -87,7 +87,8 @@ def _same_length(values: list[str], texts: list[str], name: str) -> list[str]:
 
 
 def _input(names: tuple[str, ...], limit: int) -> Schema:
-    return Object({"name": Choice(names), "datatype": Choice(("BYTES",)), "shape": Array(Integer(minimum=1), max_items=2),
+    return Object({"name": Choice(names), "datatype": Choice(("BYTES",)),
+                   "shape": Array(Integer(minimum=1), max_items=2),
                    "data": Array(Text(), max_items=limit), "parameters": Object({}, open=True)},
                   required=("name", "datatype", "shape", "data"))
 
