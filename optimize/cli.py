@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="INT8 activation scales: one per token (batch-invariant, every CPU target's default) or "
                           "one per padded batch (onnxruntime's dynamic INT8, with outlier channels split off)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
+    run.add_argument("--trust-remote-code", action="store_true",
+                     help="run the model's own code (its config.json auto_map) where transformers has no native "
+                          "implementation of its architecture; recorded in the manifest")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
     check.add_argument("--model", default=None, help="original model (default: the one named in the manifest)")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
                               threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like,
-                              activations=args.activations)
+                              activations=args.activations, trust_remote_code=args.trust_remote_code)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:

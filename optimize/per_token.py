@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from optimize.onnxio import save_model
+
 MS = "com.microsoft"
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
@@ -149,7 +151,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
             graph.initializer.remove(init)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
-    onnx.save(model, str(dst))
+    save_model(model, dst)
     return record
 
 

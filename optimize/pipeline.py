@@ -18,6 +18,7 @@ from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.int8 import quantize_int8
+from optimize.onnxio import copy_model, model_bytes, save_model
 from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
 from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
@@ -47,6 +48,9 @@ class OptimizeOptions:
     thresholds: dict[str, float] | None = None
     keep_float_like: Path | None = None  # reuse another artifact's float-kept layer roles instead of searching
     activations: str | None = None  # INT8: "per_token" or "per_tensor" instead of the target's own
+    # Weights past this many bytes go to model.onnx.data beside the graph (None: 1 GiB, under protobuf's 2 GiB).
+    external_data_bytes: int | None = None
+    trust_remote_code: bool = False
 
 
 class Stages:
@@ -88,7 +92,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
          work: Path, log: Log) -> Manifest:
     log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
     with stages.stage("load"):
-        source = load_source(options.model, options.task)
+        source = load_source(options.model, options.task, options.trust_remote_code)
         source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
         source.tokenizer.save_pretrained(str(work / "tokenizer"))
         extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
@@ -97,10 +101,12 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             shutil.copy(work / "tokenizer" / name, staging / name)
     exported, fused, final = work / "exported.onnx", work / "fused.onnx", staging / "model.onnx"
     with stages.stage("export"):
-        input_names, _ = export_onnx(source, exported)
+        input_names, _ = export_onnx(source, exported, options.external_data_bytes)
     with stages.stage("fuse"):
-        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu)
-        log(f"  fused: {fusion.stats or 'nothing'}" + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu,
+                      external_data_bytes=options.external_data_bytes)
+        log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
+            + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
 
     search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)]  # what the fallback search tunes on
     heldout = heldout_inputs(options.task)       # what the manifest's parity is measured on, and nothing else
@@ -115,7 +121,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
     draft = Manifest(
         source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
-                      model_type=source.model_type, library_versions=package.library_versions()),
+                      model_type=source.model_type, library_versions=package.library_versions(),
+                      trust_remote_code=source.trust_remote_code),
         target=Target(name=preset.name, providers=list(preset.providers),
                       # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
                       required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
@@ -164,8 +171,10 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             notes.append("FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); "
                          "fp16 arithmetic itself runs only on the GPU")
         else:
-            shutil.copy(fused, final)
+            copy_model(fused, final, options.external_data_bytes)
             log("  float model: no quantization")
+        if options.external_data_bytes is not None:  # a threshold below the default also splits a smaller model
+            copy_model(final, final, options.external_data_bytes)
     with stages.stage("validate"):
         checked = served(final, heldout, heldout_reference)
         parity = checked.result
@@ -183,7 +192,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             model=package.describe_model(final, precision),
             optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
                                       kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
-                                      exported_bytes=exported.stat().st_size),
+                                      exported_bytes=model_bytes(exported), fusion_model_type=fusion.model_type),
             parity=dataclasses.replace(
                 draft.parity, metrics=parity.metrics, passed=parity.passed, failures=parity.failures,
                 host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
@@ -201,7 +210,7 @@ def _to_fp16(src: Path, dst: Path) -> None:
 
     model = OnnxModel(onnx.load(str(src)))
     model.convert_float_to_float16(keep_io_types=True)
-    model.save_model_to_file(str(dst))
+    save_model(model.model, dst)
 
 
 def _reference_name(source) -> str:

@@ -52,15 +52,17 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
 
     if source.task == "feature-extraction" and source.sentence_transformers:
         from sentence_transformers import SentenceTransformer
-        model = SentenceTransformer(str(source.path), device="cpu")
+        model = SentenceTransformer(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
         return list(model.encode(inputs, batch_size=8, convert_to_numpy=True))
     if source.task == "ranking":
         from sentence_transformers import CrossEncoder
-        model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length)
+        model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length,
+                             trust_remote_code=source.trust_remote_code)
         return list(np.asarray(model.predict(inputs, batch_size=8), dtype=np.float32).reshape(-1))
 
-    from optimize.export import load_torch_model
+    from optimize.export import input_names, load_torch_model
     model = load_torch_model(source)
+    names = input_names(model)
     results: dict[int, np.ndarray] = {}
     singles = [i for i, t in enumerate(inputs) if not isinstance(t, tuple)]
     pairs = [i for i, t in enumerate(inputs) if isinstance(t, tuple)]
@@ -74,7 +76,7 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
             enc = source.tokenizer(*args, padding=True, truncation=True, max_length=source.max_length,
                                    return_tensors="pt")
             with torch.no_grad():
-                out = model(**enc)
+                out = model(**{name: enc[name] for name in names})
             mask = enc["attention_mask"].numpy()
             if source.task == "feature-extraction":
                 rows = list(pool(out.last_hidden_state.numpy(), mask, source.facts.pooling or "mean"))

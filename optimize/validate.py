@@ -15,6 +15,6 @@ def validate_artifact(artifact: Path | str, model: str | None = None, threads: i
     thresholds, plus how far answers move between alone and batched."""
     served = LoadedModel.load(artifact, threads=threads or None, providers=["CPUExecutionProvider"], spin_wait=False)
     task = served.manifest.source.task
-    source = load_source(model or served.manifest.source.model, task)
+    source = load_source(model or served.manifest.source.model, task, served.manifest.source.trust_remote_code)
     inputs = heldout_inputs(task)
     return served_parity(served, inputs, torch_reference(source, inputs), served.manifest.parity.thresholds)
