@@ -17,6 +17,7 @@ from infinity.tokenization import TextTokenizer
 from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
+from optimize.embedding_int8 import quantize_embedding_tables
 from optimize.int8 import quantize_int8
 from optimize.onnxio import copy_model, model_bytes, save_model
 from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
@@ -163,6 +164,10 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             quantization["why"] = preset.why
             quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads)
             quantization["latency_host"] = host_cpu_name()
+            tables = quantize_embedding_tables(final, final)
+            if tables:
+                quantization["embedding_tables_int8"] = tables
+                notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
             if len(kept_float) == quantization["candidates"]:
                 notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
