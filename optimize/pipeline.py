@@ -155,14 +155,16 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
                              "for parity")
                 # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
+                sequence = min(128, source.max_length)
                 quantization["latency_ms_seq128"] = {
-                    "fp32": median_latency_ms(fused, threads=options.threads),
-                    "full_int8": median_latency_ms(full_int8, threads=options.threads),
-                    "final": median_latency_ms(final, threads=options.threads)}
+                    "fp32": median_latency_ms(fused, sequence, options.threads),
+                    "full_int8": median_latency_ms(full_int8, sequence, options.threads),
+                    "final": median_latency_ms(final, sequence, options.threads)}
                 log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
             # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
             quantization["why"] = preset.why
-            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads)
+            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads,
+                                                       max_length=source.max_length)
             quantization["latency_host"] = host_cpu_name()
             tables = quantize_embedding_tables(final, final)
             if tables:
