@@ -29,7 +29,8 @@ def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | No
     data_file(path).unlink(missing_ok=True)  # onnx appends to an existing data file
     if weight_bytes(model) > limit:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_file(path).name, size_threshold=0)
+                        location=data_file(path).name, size_threshold=1024)  # small constants stay inline:
+        # onnxruntime's shape inference reads shapes and split sizes from the graph itself
         data_file(path).chmod(0o644)  # onnx writes it owner-only; the server may run as another user
     else:
         onnx.save_model(model, str(path))

@@ -67,3 +67,19 @@ def test_a_changed_or_missing_weights_file_is_refused_in_one_line(split_artifact
     assert main(["serve", str(artifact)], environ={}) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "model.onnx.data is missing" in lines[0]
+
+
+def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_artifacts, tmp_path):
+    from optimize.onnxio import copy_model
+    from optimize.served import load_candidate
+
+    artifact = split_artifacts["fp32"]
+    graph = tmp_path / "work" / "candidate.onnx"  # where the quantizer writes its trials: outside the artifact
+    graph.parent.mkdir()
+    copy_model(artifact / "model.onnx", graph, external_data_bytes=0)
+    staging = tmp_path / "staging"
+    shutil.copytree(artifact, staging)
+    model = load_candidate(staging, Manifest.load(staging), graph)
+    scores = [item["score"] for item in model.predict(TEXTS[0])]
+    assert len(scores) == 3 and abs(sum(scores) - 1) < 1e-5
+    assert not (staging / "candidate.onnx.data").exists()  # linked for loading only
