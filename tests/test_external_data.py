@@ -87,3 +87,19 @@ def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_ar
     scores = [item["score"] for item in model.predict(TEXTS[0])]
     assert len(scores) == 3 and abs(sum(scores) - 1) < 1e-5
     assert not (staging / "candidate.onnx.data").exists()  # linked for loading only
+
+
+def test_an_int8_build_that_quantizes_every_node_carries_its_weights_file(tmp_path):
+    from optimize import onnxio
+    from optimize.pipeline import OptimizeOptions, optimize
+    from tests.models import build_tiny_family
+
+    source = build_tiny_family("bert", "feature-extraction", tmp_path / "source")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnxio, "EXTERNAL_DATA_BYTES", 0)
+        manifest = optimize(OptimizeOptions(model=str(source), task="feature-extraction", out=tmp_path / "out",
+                                            target="icelake", precision="int8", external_data_bytes=0),
+                            log=lambda _: None)
+    assert manifest.parity.passed and not manifest.optimization.kept_float  # the full INT8 graph was chosen
+    assert set(manifest.model.external_data) == {"model.onnx.data"}
+    verify_checksums(tmp_path / "out", manifest)
