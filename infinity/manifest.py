@@ -36,6 +36,7 @@ class Source:
     model_type: str | None = None
     model_id: str | None = None  # the hub id clients see, where the optimizer knew it
     library_versions: dict[str, str] = field(default_factory=dict)
+    trust_remote_code: bool = False  # the model's own code (its config's auto_map) ran to export it
 
 
 @dataclass
@@ -54,7 +55,8 @@ class ModelFile:
     opset: int
     inputs: dict[str, list[str | int]]
     outputs: dict[str, list[str | int]]
-    size_bytes: int = 0
+    size_bytes: int = 0  # the graph and its external data together
+    external_data: dict[str, str] = field(default_factory=dict)  # weights file beside the graph -> sha256
 
 
 @dataclass
@@ -122,6 +124,7 @@ class Quantization:
 class Optimization:
     fusion: dict[str, int] = field(default_factory=dict)
     fusion_gaps: list[str] = field(default_factory=list)
+    fusion_model_type: str | None = None  # onnxruntime transformer optimizer's model type; None: not fused
     quantization: Quantization | None = None
     kept_float: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -227,10 +230,14 @@ def check_facts(manifest: Manifest) -> None:
     if manifest.source.task not in TASKS:
         raise ManifestError(f"unknown task {manifest.source.task!r}")
     _inside(manifest.model.file, "model.file")
+    for name in manifest.model.external_data:
+        _inside(name, "model.external_data")
     _inside(manifest.tokenizer.file, "tokenizer.file")
     for index, name in enumerate(manifest.tokenizer.extra_files):
         _inside(name, f"tokenizer.extra_files[{index}]")
-    for where, digest in (("model.sha256", manifest.model.sha256), ("tokenizer.sha256", manifest.tokenizer.sha256)):
+    digests = [("model.sha256", manifest.model.sha256), ("tokenizer.sha256", manifest.tokenizer.sha256),
+               *((f"model.external_data[{name!r}]", digest) for name, digest in manifest.model.external_data.items())]
+    for where, digest in digests:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise ManifestError(f"manifest field {where} must be 64 lowercase hex digits, not {digest!r}")
     if not manifest.target.providers:
@@ -267,9 +274,15 @@ def artifact_file(directory: Path | str, name: str) -> Path:
     return path
 
 
+def checksummed_files(manifest: Manifest) -> list[tuple[str, str]]:
+    """Every file the manifest vouches for, with its sha256: the graph, its weights file if any, the tokenizer."""
+    return [(manifest.model.file, manifest.model.sha256), *manifest.model.external_data.items(),
+            (manifest.tokenizer.file, manifest.tokenizer.sha256)]
+
+
 def verify_checksums(directory: Path | str, manifest: Manifest) -> None:
     directory = Path(directory)
-    for name, expected in ((manifest.model.file, manifest.model.sha256), (manifest.tokenizer.file, manifest.tokenizer.sha256)):
+    for name, expected in checksummed_files(manifest):
         path = artifact_file(directory, name)
         if not path.is_file():
             raise ManifestError(f"{name} is missing from {directory}")

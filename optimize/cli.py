@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the hub id the server shows clients (default: the id given, the hub cache path's, or "
                           "the model card's usage example; else the directory name)")
     run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
+    run.add_argument("--trust-remote-code", action="store_true",
+                     help="run the model's own code (its config.json auto_map) where transformers has no native "
+                          "implementation of its architecture; recorded in the manifest")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
     check.add_argument("--model", default=None, help="original model (default: the one named in the manifest)")
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
                               threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like,
-                              activations=args.activations, pooling=args.pooling, model_id=args.model_id)
+                              activations=args.activations, pooling=args.pooling, model_id=args.model_id,
+                              trust_remote_code=args.trust_remote_code)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:

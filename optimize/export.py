@@ -8,9 +8,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from optimize.onnxio import copy_model, external_files
 from optimize.source import SourceModel
 
 OPSET = 17
+
+
+class UnsupportedModel(ValueError):
+    """The model cannot be exported for this task; the message is the one line the user sees."""
 
 
 def load_torch_model(source: SourceModel) -> Any:
@@ -23,14 +28,27 @@ def load_torch_model(source: SourceModel) -> Any:
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
     }[source.task]
-    # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
-    return cls.from_pretrained(source.path, attn_implementation="eager").eval()
+    if getattr(source.config, "is_encoder_decoder", False):
+        raise UnsupportedModel(f"model type {source.model_type!r} is an encoder-decoder; multiverse exports encoder "
+                               "models (see docs/models.md for the supported families)")
+    try:
+        # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
+        return cls.from_pretrained(source.path, attn_implementation="eager",
+                                   trust_remote_code=source.trust_remote_code).eval()
+    except ValueError as exc:  # transformers' "Unrecognized configuration class ..." runs over many lines
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        raise UnsupportedModel(f"transformers has no {cls.__name__} for model type {source.model_type!r}, so "
+                               f"multiverse cannot build a {source.task} model from it") from None
 
 
 def input_names(model: Any) -> list[str]:
+    """The inputs the graph takes. Segment ids only where the model has more than one segment embedding: with
+    one (RoBERTa, XLM-R, GTE), the only valid id is 0, which is what the model assumes when given none, and a
+    tokenizer that numbers a pair's second text 1 would index past the table."""
     accepted = inspect.signature(model.forward).parameters
     names = ["input_ids", "attention_mask"]
-    if "token_type_ids" in accepted and getattr(model.config, "type_vocab_size", 0):
+    if "token_type_ids" in accepted and (getattr(model.config, "type_vocab_size", 0) or 0) >= 2:
         names.append("token_type_ids")
     return names
 
@@ -60,7 +78,8 @@ def embedding_head(source: SourceModel) -> Any:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    modules = list(SentenceTransformer(str(source.path), device="cpu"))[1:2 + len(source.head)]
+    modules = list(SentenceTransformer(str(source.path), device="cpu",
+                                       trust_remote_code=source.trust_remote_code))[1:2 + len(source.head)]
 
     class Head(torch.nn.Module):
         def __init__(self) -> None:
@@ -76,8 +95,9 @@ def embedding_head(source: SourceModel) -> Any:
     return Head().eval()
 
 
-def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
-    """Writes the graph to `path`; returns its input names and its one output name."""
+def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None = None) -> tuple[list[str], str]:
+    """Writes the graph to `path` (weights past `external_data_bytes` to `path`.data); returns its input names and
+    its one output name."""
     import torch
 
     model = load_torch_model(source)
@@ -113,7 +133,13 @@ def export_onnx(source: SourceModel, path: Path) -> tuple[list[str], str]:
         axes[output] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad(), broadcast_masks():
         warnings.simplefilter("ignore")
-        # .eval() on the wrapper too: export restores the wrapper's mode onto the model afterwards.
-        torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=[output],
-                          dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        try:
+            # .eval() on the wrapper too: export restores the wrapper's mode onto the model afterwards.
+            torch.onnx.export(Wrapped().eval(), args, str(path), input_names=names, output_names=[output],
+                              dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+        except Exception as exc:  # the tracer and the exporter raise many unrelated types
+            first = (str(exc) or type(exc).__name__).strip().splitlines()[0][:200]
+            raise UnsupportedModel(f"model type {source.model_type!r} could not be exported to ONNX: {first}") from exc
+    if external_files(path) or external_data_bytes is not None:
+        copy_model(path, path, external_data_bytes)  # over 2 GiB the exporter writes a file per tensor: one file
     return names, output

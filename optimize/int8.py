@@ -2,7 +2,6 @@
 per-tensor dynamic, plain or with outlier channels split off."""
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import onnx
 
 from optimize.outliers import activation_ranges, split_outliers
+from optimize.onnxio import copy_model
 from optimize.parity import ParityResult
 from optimize.presets import QuantizationConfig
 from optimize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
@@ -76,7 +76,7 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
             chosen = without
         chosen.record["float_weight_params"] = costs
         log(f"  weights kept in float: {costs['split']:,} with the split, {costs['plain']:,} without")
-    shutil.copy(work / ("split" if chosen is with_split else "plain") / "final.onnx", dst)
+    copy_model(work / ("split" if chosen is with_split else "plain") / "final.onnx", dst)
     return chosen
 
 

@@ -10,6 +10,7 @@ moves part of the outliers' range from the activations into the per-channel quan
 """
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from optimize.onnxio import save_model, session_source
 
 Feeds = dict[str, np.ndarray]
 
@@ -57,20 +60,22 @@ def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    feed_names = {i.name for i in session.get_inputs()}
-    ranges: dict[str, np.ndarray] = {}
-    for feeds in batches:
-        values = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in feed_names})))
-        real = feeds["attention_mask"].astype(bool)
-        for tensor in set(inputs.values()):
-            value = values[tensor]
-            # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative position
-            # embeddings are [1, positions, hidden] whatever the batch) is taken whole
-            value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
-            peak = np.abs(value).max(axis=0)
-            ranges[tensor] = np.maximum(ranges[tensor], peak) if tensor in ranges else peak
+    with tempfile.TemporaryDirectory(prefix="ranges-") as scratch:  # a model over 1 GiB goes through a file
+        session = ort.InferenceSession(session_source(model, Path(scratch)), options,
+                                       providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        feed_names = {i.name for i in session.get_inputs()}
+        ranges: dict[str, np.ndarray] = {}
+        for feeds in batches:
+            values = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in feed_names})))
+            real = feeds["attention_mask"].astype(bool)
+            for tensor in set(inputs.values()):
+                value = values[tensor]
+                # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative
+                # position embeddings are [1, positions, hidden] whatever the batch) is taken whole
+                value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
+                peak = np.abs(value).max(axis=0)
+                ranges[tensor] = np.maximum(ranges[tensor], peak) if tensor in ranges else peak
     return {node: ranges[tensor] for node, tensor in inputs.items()}
 
 
@@ -140,7 +145,7 @@ def split_outliers(src: Path, dst: Path, ranges: dict[str, np.ndarray],
         split.float_nodes.append(side_path_name(prefix))
     del graph.node[:]
     graph.node.extend(nodes)
-    onnx.save(model, str(dst))
+    save_model(model, dst)
     return split
 
 

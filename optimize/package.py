@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 
 from infinity.manifest import ModelFile, sha256_file
+from optimize.onnxio import external_files, model_bytes
 
 LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "tokenizers")
 
@@ -34,7 +35,8 @@ def describe_model(path: Path, precision: str) -> ModelFile:
         file=path.name, sha256=sha256_file(path), precision=precision, opset=int(opset),
         inputs={v.name: shape(v) for v in model.graph.input},
         outputs={v.name: shape(v) for v in model.graph.output},
-        size_bytes=path.stat().st_size,
+        size_bytes=model_bytes(path),
+        external_data={name: sha256_file(path.parent / name) for name in external_files(path)},
     )
 
 

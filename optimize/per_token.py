@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
+from optimize.onnxio import save_model
+
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
@@ -157,7 +159,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
             graph.initializer.remove(init)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
-    onnx.save(model, str(dst))
+    save_model(model, dst)
     return record
 
 

@@ -17,7 +17,9 @@ from infinity.tokenization import TextTokenizer
 from optimize import package
 from optimize.export import export_onnx
 from optimize.fuse import fuse
+from optimize.embedding_int8 import quantize_embedding_tables
 from optimize.int8 import quantize_int8
+from optimize.onnxio import copy_model, model_bytes, save_model
 from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
 from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
@@ -49,6 +51,9 @@ class OptimizeOptions:
     activations: str | None = None  # INT8: "per_token" or "per_tensor" instead of the target's own
     pooling: str | None = None  # feature-extraction without a sentence-transformers Pooling config
     model_id: str | None = None  # the hub id clients see (default: found from the model's cache path or card)
+    # Weights past this many bytes go to model.onnx.data beside the graph (None: 1 GiB, under protobuf's 2 GiB).
+    external_data_bytes: int | None = None
+    trust_remote_code: bool = False
 
 
 class Stages:
@@ -90,7 +95,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
          work: Path, log: Log) -> Manifest:
     log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
     with stages.stage("load"):
-        source = load_source(options.model, options.task, options.pooling, options.model_id)
+        source = load_source(options.model, options.task, options.pooling, options.model_id,
+                             options.trust_remote_code)
         source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
         source.tokenizer.save_pretrained(str(work / "tokenizer"))
         extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
@@ -99,10 +105,12 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             shutil.copy(work / "tokenizer" / name, staging / name)
     exported, fused, final = work / "exported.onnx", work / "fused.onnx", staging / "model.onnx"
     with stages.stage("export"):
-        input_names, _ = export_onnx(source, exported)
+        input_names, _ = export_onnx(source, exported, options.external_data_bytes)
     with stages.stage("fuse"):
-        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu)
-        log(f"  fused: {fusion.stats or 'nothing'}" + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu,
+                      external_data_bytes=options.external_data_bytes)
+        log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
+            + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
 
     search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)]  # what the fallback search tunes on
     heldout = heldout_inputs(options.task)       # what the manifest's parity is measured on, and nothing else
@@ -118,7 +126,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     draft = Manifest(
         source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
                       model_type=source.model_type, library_versions=package.library_versions(),
-                      model_id=source.model_id),
+                      model_id=source.model_id, trust_remote_code=source.trust_remote_code),
         target=Target(name=preset.name, providers=list(preset.providers),
                       # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
                       required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
@@ -150,15 +158,21 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
                              "for parity")
                 # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
+                sequence = min(128, source.max_length)
                 quantization["latency_ms_seq128"] = {
-                    "fp32": median_latency_ms(fused, threads=options.threads),
-                    "full_int8": median_latency_ms(full_int8, threads=options.threads),
-                    "final": median_latency_ms(final, threads=options.threads)}
+                    "fp32": median_latency_ms(fused, sequence, options.threads),
+                    "full_int8": median_latency_ms(full_int8, sequence, options.threads),
+                    "final": median_latency_ms(final, sequence, options.threads)}
                 log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
             # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
             quantization["why"] = preset.why
-            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads)
+            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads,
+                                                       max_length=source.max_length)
             quantization["latency_host"] = host_cpu_name()
+            tables = quantize_embedding_tables(final, final)
+            if tables:
+                quantization["embedding_tables_int8"] = tables
+                notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
             if len(kept_float) == quantization["candidates"]:
                 notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
@@ -167,8 +181,10 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             notes.append("FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); "
                          "fp16 arithmetic itself runs only on the GPU")
         else:
-            shutil.copy(fused, final)
+            copy_model(fused, final, options.external_data_bytes)
             log("  float model: no quantization")
+        if options.external_data_bytes is not None:  # a threshold below the default also splits a smaller model
+            copy_model(final, final, options.external_data_bytes)
     with stages.stage("validate"):
         checked = served(final, heldout, heldout_reference)
         parity = checked.result
@@ -186,7 +202,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             model=package.describe_model(final, precision),
             optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
                                       kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
-                                      exported_bytes=exported.stat().st_size),
+                                      exported_bytes=model_bytes(exported), fusion_model_type=fusion.model_type),
             parity=dataclasses.replace(
                 draft.parity, metrics=parity.metrics, passed=parity.passed, failures=parity.failures,
                 host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
@@ -219,7 +235,7 @@ def _to_fp16(src: Path, dst: Path) -> None:
 
     model = OnnxModel(onnx.load(str(src)))
     model.convert_float_to_float16(keep_io_types=True)
-    model.save_model_to_file(str(dst))
+    save_model(model.model, dst)
 
 
 def _reference_name(source: SourceModel) -> str:

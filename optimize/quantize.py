@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import onnx
 
+from optimize.onnxio import copy_model
 from optimize.parity import ParityResult
 from optimize.presets import QuantizationConfig
 
@@ -86,7 +86,7 @@ def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evalu
     result.trials += 1
     result.full_int8, result.full_int8_model = full.metrics, full_model
     if full.passed:
-        shutil.copy(full_model, dst)
+        copy_model(full_model, dst)  # with its weights file, if it has one
         return result
     log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes")
     trial = scratch / "trial.onnx"

@@ -55,11 +55,13 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
         return list(model.encode(inputs, batch_size=8, convert_to_numpy=True))
     if source.task == "ranking":
         from sentence_transformers import CrossEncoder
-        model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length)
+        model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length,
+                             trust_remote_code=source.trust_remote_code)
         return list(np.asarray(model.predict(inputs, batch_size=8), dtype=np.float32).reshape(-1))
 
-    from optimize.export import load_torch_model
+    from optimize.export import input_names, load_torch_model
     model = load_torch_model(source)
+    names = input_names(model)
     results: dict[int, np.ndarray] = {}
     singles = [i for i, t in enumerate(inputs) if not isinstance(t, tuple)]
     pairs = [i for i, t in enumerate(inputs) if isinstance(t, tuple)]
@@ -73,7 +75,7 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
             enc = source.tokenizer(*args, padding=True, truncation=True, max_length=source.max_length,
                                    return_tensors="pt")
             with torch.no_grad():
-                out = model(**enc)
+                out = model(**{name: enc[name] for name in names})
             mask = enc["attention_mask"].numpy()
             if source.task == "sequence-classification":
                 rows = list(activate(out.logits.numpy(), source.facts.score_activation or "softmax"))
@@ -92,11 +94,13 @@ def sentence_transformer(source: SourceModel) -> Any:
     from sentence_transformers import SentenceTransformer
 
     if source.sentence_transformers and any(m.kind == "Pooling" for m in read_modules(source.path)):
-        return SentenceTransformer(str(source.path), device="cpu")
+        return SentenceTransformer(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from sentence_transformers.models import Pooling, Transformer
-    backbone = Transformer(str(source.path), max_seq_length=source.max_length)
+    backbone = Transformer(str(source.path), max_seq_length=source.max_length,
+                           model_args={"trust_remote_code": source.trust_remote_code},
+                           config_args={"trust_remote_code": source.trust_remote_code})
     modes = source.facts.pooling.split("+")  # type: ignore[union-attr]  # feature-extraction always has one
     pooling = Pooling(backbone.get_embedding_dimension(), pooling_mode=modes[0] if len(modes) == 1 else tuple(modes))
     return SentenceTransformer(modules=[backbone, pooling], device="cpu")

@@ -20,6 +20,7 @@ from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import FeatureExtraction, l2_normalize
 from infinity.tokenization import TextInput, TextTokenizer
+from optimize.onnxio import external_files
 from optimize.parity import ParityResult, batch_invariance, compare, worst
 from optimize.reference import ranking_group_sizes
 
@@ -40,17 +41,28 @@ def load_candidate(directory: Path, manifest: Manifest, model_path: Path, thread
     The graph is linked (or copied) into `directory` as CANDIDATE: an artifact names only files inside itself."""
     candidate = directory / CANDIDATE
     candidate.unlink(missing_ok=True)
-    try:
-        os.link(model_path, candidate)
-    except OSError:
-        shutil.copyfile(model_path, candidate)
+    _link(model_path, candidate)
+    # Its weights file too, under the name the graph gives it (none of the artifact's own names).
+    weights = [directory / name for name in external_files(model_path)
+               if not (directory / name).exists() or not (directory / name).samefile(model_path.parent / name)]
+    for path in weights:
+        _link(model_path.parent / path.name, path)
     manifest = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model, file=CANDIDATE))
     tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
                               manifest.tokenizer.pad_id)
     engine = Engine(directory, manifest, threads=threads or None, providers=["CPUExecutionProvider"],
                     spin_wait=False)
     candidate.unlink()  # the session holds the graph in memory
+    for path in weights:
+        path.unlink()
     return LoadedModel(directory, manifest, tokenizer, engine, make_task(manifest, directory))
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:

@@ -35,6 +35,7 @@ class SourceModel:
     sentence_transformers: bool
     model_id: str | None = None  # the hub id, where known
     head: list[Module] = field(default_factory=list)  # modules after pooling that the graph includes
+    trust_remote_code: bool = False  # the model's own code (config.json's auto_map) is what runs
 
     @property
     def model_type(self) -> str:
@@ -53,7 +54,8 @@ def resolve_path(model: str) -> Path:
         raise FileNotFoundError(f"{model!r} is neither a local model directory nor a reachable hub id ({exc})") from None
 
 
-def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None) -> SourceModel:
+def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None,
+                trust_remote_code: bool = False) -> SourceModel:
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -62,8 +64,9 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     path = resolve_path(model)
-    config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+    remote = runs_remote_code(path, trust_remote_code)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=remote)
     if not tokenizer.is_fast:
         raise ValueError(f"{model}: no fast tokenizer available; the server needs tokenizer.json")
     st_config = _read_json(path / "sentence_bert_config.json")
@@ -77,7 +80,7 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     else:
         facts, head = _task_facts(task, config), []
     return SourceModel(path, task, config, tokenizer, facts, max_length, is_st,
-                       model_id=model_id or hub_id(model, path), head=head)
+                       model_id=model_id or hub_id(model, path), head=head, trust_remote_code=remote)
 
 
 def hub_id(model: str, path: Path) -> str | None:
@@ -106,13 +109,36 @@ def read_modules(path: Path) -> list[Module]:
     return modules
 
 
+def runs_remote_code(path: Path, trust_remote_code: bool) -> bool:
+    """Whether the model's own code must run: only when its config maps to code (auto_map) for an architecture
+    transformers does not implement itself; then only with the user's consent."""
+    config = _read_json(path / "config.json")
+    auto_map = config.get("auto_map")
+    if not auto_map or _native(config):
+        return False
+    if not trust_remote_code:
+        architectures = ", ".join(config.get("architectures") or []) or config.get("model_type", "?")
+        raise ValueError(f"{path.name}: config.json maps the model to its own code ({architectures}, auto_map), which "
+                         "transformers does not implement natively; pass --trust-remote-code to run that code")
+    return True
+
+
+def _native(config: dict[str, Any]) -> bool:
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    architectures = config.get("architectures") or []
+    return (config.get("model_type") in CONFIG_MAPPING and bool(architectures)
+            and all(hasattr(transformers, name) for name in architectures))
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _max_length(config: Any, tokenizer: Any, st_config: dict[str, Any]) -> int:
     candidates = [getattr(config, "max_position_embeddings", None) or SANE_MAX_LENGTH]
-    if config.model_type in ("roberta", "xlm-roberta", "camembert"):
+    if config.model_type in ("roberta", "xlm-roberta", "camembert", "mpnet"):
         candidates[0] -= 2  # positions start after the padding index
     if 0 < tokenizer.model_max_length < SANE_MAX_LENGTH:
         candidates.append(tokenizer.model_max_length)

@@ -42,13 +42,16 @@ def median_latency_ms(model_path: Path, sequence: int = 128, threads: int = 0) -
 SHAPES = {"b1_seq8": (1, 8), "b1_seq64": (1, 64), "b1_seq256": (1, 256), "b8_seq64": (8, 64)}
 
 
-def latency_table(model_paths: dict[str, Path], threads: int = 0, rounds: int = 3) -> dict[str, dict[str, float]]:
-    """Median ms per shape for each model, the models taking turns so drift lands on all of them."""
+def latency_table(model_paths: dict[str, Path], threads: int = 0, rounds: int = 3,
+                  max_length: int | None = None) -> dict[str, dict[str, float]]:
+    """Median ms per shape (those within the model's `max_length`) for each model, the models taking turns so
+    drift lands on all of them."""
+    shapes = {name: shape for name, shape in SHAPES.items() if max_length is None or shape[1] <= max_length}
     sessions = {name: cpu_session(path, threads, spin_wait=False) for name, path in model_paths.items()}
-    samples: dict[str, dict[str, list[float]]] = {name: {shape: [] for shape in SHAPES} for name in sessions}
+    samples: dict[str, dict[str, list[float]]] = {name: {shape: [] for shape in shapes} for name in sessions}
     for _ in range(rounds):
         for name, session in sessions.items():
-            for shape, (batch, sequence) in SHAPES.items():
+            for shape, (batch, sequence) in shapes.items():
                 samples[name][shape].append(median_ms(session, sequence, batch, runs=5 if batch * sequence > 64 else 9))
     return {name: {shape: round(statistics.median(v), 2) for shape, v in shapes.items()}
             for name, shapes in samples.items()}

@@ -16,6 +16,7 @@ def validate_artifact(artifact: Path | str, model: str | None = None, threads: i
     served = LoadedModel.load(artifact, threads=threads or None, providers=["CPUExecutionProvider"], spin_wait=False)
     task = served.manifest.source.task
     # the pooling the artifact was built with: a model without its own Pooling config was given one
-    source = load_source(model or served.manifest.source.model, task, served.manifest.task.pooling)
+    source = load_source(model or served.manifest.source.model, task, served.manifest.task.pooling,
+                         trust_remote_code=served.manifest.source.trust_remote_code)
     inputs = heldout_inputs(task)
     return served_parity(served, inputs, torch_reference(source, inputs), served.manifest.parity.thresholds)

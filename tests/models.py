@@ -51,8 +51,9 @@ def calibrate_head(model, tokenizer, task: str) -> None:
     """
     import torch
 
+    head = output_layer(model)
     captured = []
-    handle = model.classifier.register_forward_hook(lambda _m, args, _o: captured.append(args[0].detach()))
+    handle = head.register_forward_hook(lambda _m, args, _o: captured.append(args[0].detach()))
     texts = list(CALIBRATION_TEXTS)
     pairs = [texts[0]] * len(texts) if task == "ranking" else None
     with torch.no_grad():
@@ -60,11 +61,20 @@ def calibrate_head(model, tokenizer, task: str) -> None:
     handle.remove()
     features = captured[0].reshape(-1, captured[0].shape[-1])
     with torch.no_grad():
-        weight = torch.randn_like(model.classifier.weight)
+        weight = torch.randn_like(head.weight)
         logits = features @ weight.T
         weight *= (2.0 / logits.std(dim=0).clamp_min(1e-6))[:, None]
-        model.classifier.weight.copy_(weight)
-        model.classifier.bias.copy_(-(features @ weight.T).mean(dim=0))
+        head.weight.copy_(weight)
+        if head.bias is not None:
+            head.bias.copy_(-(features @ weight.T).mean(dim=0))
+
+
+def output_layer(model):
+    """The head's last Linear (the one that outputs the labels): `classifier` itself, or its `out_proj`."""
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == model.num_labels]
+    return linears[-1]
 
 
 def build_tiny_distilbert(out: Path, seed: int = 0) -> Path:
@@ -183,3 +193,77 @@ def build_tiny_gemma3_embedding(out: Path, seed: int = 0, bidirectional: bool = 
     import shutil
     shutil.rmtree(backbone)
     return out
+
+
+# Encoder families built tiny from their own transformers config: 2 layers, hidden 32, MiniLM's WordPiece
+# vocabulary (the tokenizer only has to agree with the embedding table; special ids follow it). Weights drawn
+# 10x wider than the default, so two random layers already make texts differ: with the default, every text's
+# features are nearly the same, the calibrated head's weights grow to ~1e4 and fp32 itself drifts by 1e-4.
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=128, pad_token_id=0, initializer_range=0.2)
+FAMILIES: dict[str, dict] = {
+    "bert": {},
+    "distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64),
+    "roberta": dict(max_position_embeddings=130, bos_token_id=101, eos_token_id=102),  # positions start at pad + 1
+    "xlm-roberta": dict(max_position_embeddings=130, bos_token_id=101, eos_token_id=102),
+    "camembert": dict(max_position_embeddings=130, bos_token_id=101, eos_token_id=102),
+    "electra": dict(embedding_size=16),
+    "albert": dict(embedding_size=16),
+    "mpnet": dict(max_position_embeddings=130, relative_attention_num_buckets=32),
+    # deberta-v3's attention: disentangled relative positions, no absolute ones.
+    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False,
+                       norm_rel_ebd="layer_norm", share_att_key=True, position_buckets=32, max_relative_positions=-1,
+                       type_vocab_size=0),
+    "modernbert": dict(layer_types=["full_attention", "sliding_attention"], local_attention=16, bos_token_id=101,
+                       eos_token_id=102, cls_token_id=101, sep_token_id=102),
+    "nomic_bert": dict(head_dim=8),
+    "gte": {},
+    "jina_embeddings_v3": dict(bos_token_id=101, eos_token_id=102),
+}
+
+
+def tiny_config(family: str, vocab_size: int, labels: list[str] | None = None):
+    from transformers import AutoConfig
+
+    kwargs = {**TINY, "vocab_size": vocab_size, **FAMILIES[family]}
+    if labels:
+        kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                      label2id={label: i for i, label in enumerate(labels)})
+    return AutoConfig.for_model(family, **kwargs)
+
+
+def build_tiny_family(family: str, task: str, out: Path, seed: int = 0) -> Path:
+    """A tiny random `family` model: a sentence-transformers directory (mean pooling) for feature-extraction,
+    the family's own sequence-classification head otherwise."""
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    torch.manual_seed(seed)
+    if task == "feature-extraction":
+        model = AutoModel.from_config(tiny_config(family, tokenizer.vocab_size)).eval()
+    else:
+        config = tiny_config(family, tokenizer.vocab_size, LABELS[task])
+        model = AutoModelForSequenceClassification.from_config(config).eval()
+        calibrate_head(model, tokenizer, task)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if task == "feature-extraction":
+        write_sentence_transformers(out, model.config.hidden_size if hasattr(model.config, "hidden_size")
+                                    else model.config.dim, max_seq_length=128)
+    return out
+
+
+def write_sentence_transformers(out: Path, dim: int, max_seq_length: int, pooling: str = "mean") -> None:
+    import json
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                               "do_lower_case": False}))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": dim, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))

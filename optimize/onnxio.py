@@ -1,0 +1,64 @@
+"""ONNX models of any size on disk: one file up to a threshold, above it the graph plus one weights file.
+
+Protobuf cannot serialize a message over 2 GiB, so a model past that (XLM-R large, 560M parameters in fp32)
+must keep its weights beside the graph ("external data"); onnxruntime finds them next to the .onnx file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+# Well below protobuf's 2 GiB: the graph, names and attributes add to the weights.
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+def data_file(path: Path) -> Path:
+    return path.with_name(path.name + ".data")
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | None = None) -> None:
+    """Write `model` to `path`, its weights to `path`.data when they exceed the threshold (default 1 GiB).
+    The in-memory model's weights move out to the file when they do: do not reuse it afterwards."""
+    path = Path(path)
+    limit = EXTERNAL_DATA_BYTES if external_data_bytes is None else external_data_bytes
+    data_file(path).unlink(missing_ok=True)  # onnx appends to an existing data file
+    if weight_bytes(model) > limit:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_file(path).name, size_threshold=1024)  # small constants stay inline:
+        # onnxruntime's shape inference reads shapes and split sizes from the graph itself
+        data_file(path).chmod(0o644)  # onnx writes it owner-only; the server may run as another user
+    else:
+        onnx.save_model(model, str(path))
+
+
+def copy_model(src: Path, dst: Path, external_data_bytes: int | None = None) -> None:
+    """A copy under another name: the weights file is renamed with it, and the graph points at the new name."""
+    save_model(onnx.load(str(src)), dst, external_data_bytes)
+
+
+def external_files(path: Path) -> list[str]:
+    """The weights files the model at `path` reads, relative to its folder."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    names = {entry.value for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+             for entry in t.external_data if entry.key == "location"}
+    return sorted(names)
+
+
+def model_bytes(path: Path) -> int:
+    """The model's size on disk, weights file included."""
+    path = Path(path)
+    return path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_files(path))
+
+
+def session_source(model: onnx.ModelProto, scratch: Path) -> bytes | str:
+    """What onnxruntime.InferenceSession takes for an in-memory model: its bytes, or a file when too large."""
+    if weight_bytes(model) <= EXTERNAL_DATA_BYTES:
+        return model.SerializeToString()
+    path = Path(scratch) / "session.onnx"
+    save_model(model, path)
+    return str(path)
