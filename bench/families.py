@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 FAMILIES = ("bert", "mpnet", "deberta-v2", "modernbert", "nomic_bert", "gte")

@@ -173,7 +173,7 @@ class Manifest:
         return self.source.model_id or public_model_id(self.source.model)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Manifest":
+    def from_dict(cls, data: Any) -> Manifest:
         if not isinstance(data, dict):
             raise ManifestError("manifest is malformed: it must be a JSON object")
         version = data.get("schema_version")
@@ -193,7 +193,7 @@ class Manifest:
         (Path(directory) / MANIFEST_FILE).write_text(text + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path | str) -> "Manifest":
+    def load(cls, directory: Path | str) -> Manifest:
         path = Path(directory) / MANIFEST_FILE
         if not path.is_file():
             raise ManifestError(f"no {MANIFEST_FILE} in {directory}: not an artifact directory")
@@ -288,7 +288,8 @@ def verify_checksums(directory: Path | str, manifest: Manifest) -> None:
             raise ManifestError(f"{name} is missing from {directory}")
         actual = sha256_file(path)
         if actual != expected:
-            raise ManifestError(f"checksum mismatch for {name}: manifest says {expected[:12]}..., file is {actual[:12]}...")
+            raise ManifestError(f"checksum mismatch for {name}: manifest says {expected[:12]}..., "
+                                f"file is {actual[:12]}...")
 
 
 def write_atomically(staging: Path, destination: Path) -> None:

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
-                              threads=args.threads, thresholds=dict(args.threshold), keep_float_like=args.keep_float_like,
+                              threads=args.threads, thresholds=dict(args.threshold),
+                              keep_float_like=args.keep_float_like,
                               activations=args.activations, pooling=args.pooling, model_id=args.model_id,
                               trust_remote_code=args.trust_remote_code)
     try:
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
               f"float for parity{split}")
         if q.latency_ms:
             print("  in-process ms on this host (fp32 -> this artifact): " + ", ".join(
-                f"{shape} {q.latency_ms['fp32'][shape]:.1f} -> {ms:.1f}" for shape, ms in q.latency_ms["final"].items()))
+                f"{shape} {q.latency_ms['fp32'][shape]:.1f} -> {ms:.1f}"
+                for shape, ms in q.latency_ms["final"].items()))
     print(f"  parity vs {manifest.parity.reference} on {manifest.parity.probe_size} held-out inputs, worst of alone "
           f"and batched: {metrics} -> {'passed' if manifest.parity.passed else 'FAILED'}")
     print("  batch invariance (alone vs batched): "
@@ -154,7 +156,8 @@ def _targets() -> int:
         q = preset.quantization
         if q is not None:
             invariant = "batch-invariant" if q.batch_invariant else "answers depend on the batch"
-            print(f"    int8 recipe: {q.activations} activations, {q.weight_bits}-bit per-channel weights ({invariant})")
+            print(f"    int8 recipe: {q.activations} activations, {q.weight_bits}-bit per-channel weights "
+                  f"({invariant})")
         if preset.name in MEASURED:
             print(f"    measured: {MEASURED[preset.name]}")
     return 0

@@ -19,8 +19,7 @@ class UnsupportedModel(ValueError):
 
 
 def load_torch_model(source: SourceModel) -> Any:
-    from transformers import (AutoModel, AutoModelForSequenceClassification,
-                              AutoModelForTokenClassification)
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     cls = {
         "feature-extraction": AutoModel,
@@ -28,9 +27,6 @@ def load_torch_model(source: SourceModel) -> Any:
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
     }[source.task]
-    if getattr(source.config, "is_encoder_decoder", False):
-        raise UnsupportedModel(f"model type {source.model_type!r} is an encoder-decoder; multiverse exports encoder "
-                               "models (see docs/models.md for the supported families)")
     try:
         # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
         return cls.from_pretrained(source.path, attn_implementation="eager",

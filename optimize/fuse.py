@@ -36,12 +36,13 @@ class FusionResult:
 
 
 def _heads_and_hidden(config: Any) -> tuple[int, int]:
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "dim")
+    heads = getattr(config, "num_attention_heads", None) or config.n_heads
+    hidden = getattr(config, "hidden_size", None) or config.dim
     return int(heads), int(hidden)
 
 
-def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False, external_data_bytes: int | None = None) -> FusionResult:
+def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
+         external_data_bytes: int | None = None) -> FusionResult:
     from onnxruntime.quantization.onnx_model import ONNXModel
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -64,5 +65,9 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False, external_data
     rewritten.replace_gemm_with_matmul()
     rewritten.remove_unused_constant()
     rewritten.clean_initializers()
+    domains = {o.domain for o in optimized.model.opset_import}
+    for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
+        # onnxruntime's own save adds the contrib domains its fusions use; this save must as well
+        optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     save_model(optimized.model, dst, external_data_bytes)
     return FusionResult(stats, gaps, model_type)

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optimize.outliers import activation_ranges, split_outliers
 from optimize.onnxio import copy_model
+from optimize.outliers import activation_ranges, split_outliers
 from optimize.parity import ParityResult
-from optimize.presets import QuantizationConfig
 from optimize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
+from optimize.presets import QuantizationConfig
 from optimize.quantize import accuracy_aware_quantize, keep_fewest_float, quantizable_nodes, quantize
 from optimize.recipe import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.reference import OnnxRunner, calibration_inputs

@@ -141,8 +141,9 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
                 source = smoothed
             zero = 0 if one_sided else activation_levels(activation_bits)[1]
             zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
-            new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, float_weights[node.name].shape[0],
-                                       graph, activation_bits, one_sided))
+            rows = float_weights[node.name].shape[0]
+            new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph, activation_bits,
+                                       one_sided))
             prologue_done.add(tensor)
         shift = None
         if one_sided:

@@ -11,16 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infinity.hostinfo import cpu_flags
-from infinity.manifest import (Manifest, Optimization, Parity, Source, Target, TokenizerFile, sha256_file,
-                               write_atomically)
+from infinity.manifest import (
+    Manifest,
+    Optimization,
+    Parity,
+    Source,
+    Target,
+    TokenizerFile,
+    sha256_file,
+    write_atomically,
+)
 from infinity.tokenization import TextTokenizer
 from optimize import package
+from optimize.embedding_int8 import quantize_embedding_tables
 from optimize.export import export_onnx
 from optimize.fuse import fuse
-from optimize.embedding_int8 import quantize_embedding_tables
+from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
 from optimize.int8 import quantize_int8
 from optimize.onnxio import copy_model, model_bytes, save_model
-from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
 from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.reference import OnnxRunner, probe_inputs, torch_reference
@@ -174,7 +182,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 quantization["embedding_tables_int8"] = tables
                 notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
             if len(kept_float) == quantization["candidates"]:
-                notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
+                notes.append("no node could be quantized within the parity thresholds: "
+                             "this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
         elif precision == "fp16":
             _to_fp16(fused, final)

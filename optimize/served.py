@@ -26,6 +26,7 @@ from optimize.reference import ranking_group_sizes
 
 Outputs = list[np.ndarray]
 SHUFFLE_SEED = 7
+DEFAULTS = Settings()  # frozen: the server's defaults, shared
 CANDIDATE = ".candidate.onnx"
 
 
@@ -77,7 +78,7 @@ def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:
     return activate(row, facts.score_activation or default).astype(np.float32)
 
 
-def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = Settings()) -> ServedOutputs:
+def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS) -> ServedOutputs:
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
     (padding, engine, the task's reduction)."""
@@ -121,7 +122,7 @@ class ServedParity:
 
 
 def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
-                  settings: Settings = Settings()) -> ServedParity:
+                  settings: Settings = DEFAULTS) -> ServedParity:
     task = model.manifest.source.task
     outputs = run_served(model, inputs, settings)
     groups = ranking_group_sizes(inputs) if task == "ranking" else None

@@ -51,7 +51,8 @@ def resolve_path(model: str) -> Path:
     try:
         return Path(snapshot_download(model, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1"))
     except Exception as exc:  # the hub client raises many unrelated types
-        raise FileNotFoundError(f"{model!r} is neither a local model directory nor a reachable hub id ({exc})") from None
+        raise FileNotFoundError(f"{model!r} is neither a local model directory nor a reachable hub id "
+                                f"({exc})") from None
 
 
 def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None,
@@ -66,6 +67,9 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     path = resolve_path(model)
     remote = runs_remote_code(path, trust_remote_code)
     config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+    if getattr(config, "is_encoder_decoder", False):  # before anything else: no pooling or head would help
+        raise ValueError(f"model type {config.model_type!r} is an encoder-decoder; multiverse exports encoder "
+                         "models (see docs/models.md for the supported families)")
     tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=remote)
     if not tokenizer.is_fast:
         raise ValueError(f"{model}: no fast tokenizer available; the server needs tokenizer.json")
@@ -229,4 +233,4 @@ def _embedding_dim(config: Any, pooling: str, head: list[Module]) -> int:
 
 
 def _hidden_size(config: Any) -> int:
-    return int(getattr(config, "hidden_size", None) or getattr(config, "dim"))
+    return int(getattr(config, "hidden_size", None) or config.dim)

@@ -19,8 +19,12 @@ def minilm_dir() -> Path:
 def build_minilm_head(task: str, out: Path, layers: int = 2, seed: int = 0) -> Path:
     """The real MiniLM backbone (first `layers` layers) with a fresh, seeded task head."""
     import torch
-    from transformers import (AutoConfig, AutoModelForSequenceClassification,
-                              AutoModelForTokenClassification, AutoTokenizer)
+    from transformers import (
+        AutoConfig,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
 
     labels = LABELS[task]
     config = AutoConfig.from_pretrained(minilm_dir(), num_hidden_layers=layers, num_labels=len(labels),
@@ -85,7 +89,7 @@ def build_tiny_distilbert(out: Path, seed: int = 0) -> Path:
     labels = LABELS["sequence-classification"]
     config = DistilBertConfig(vocab_size=30522, dim=64, n_layers=2, n_heads=4, hidden_dim=256,
                               max_position_embeddings=512, num_labels=len(labels),
-                              id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+                              id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
     torch.manual_seed(seed)
     model = DistilBertForSequenceClassification(config).eval()
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())

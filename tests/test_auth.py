@@ -54,4 +54,5 @@ def test_an_open_server_on_a_public_address_says_so_once(caplog: pytest.LogCaptu
         warn_if_open(Settings(host="::1"))
         warn_if_open(Settings(host="localhost"))
         warn_if_open(Settings(host="0.0.0.0", api_keys=("k",)))
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["no API key is set and the server listens on 0.0.0.0"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "no API key is set and the server listens on 0.0.0.0"]

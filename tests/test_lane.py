@@ -18,12 +18,12 @@ from uvicorn.server import ServerState
 
 from infinity.app import create_app
 from infinity.core import Core
+from infinity.http.heads import declared_body
 from infinity.http.lane import LaneProtocol
 from infinity.http.lane import protocol as lane_protocol
-from infinity.model import LoadedModel
-from infinity.http.heads import declared_body
 from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
+from infinity.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import WAIT, Reader, Server, running
 
@@ -82,7 +82,8 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
     (b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nContent-Length: 13\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", None),
-    (b"POST /predict HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", None),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: close\r\n"
+     b"Content-Length: 1\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nContent-Length: 12\r\n\r\n", None),  # HTTP/1.1 without Host: the parser refuses it
     (b"POST /predict HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 12\r\n\r\n", None),
     (b"POST /predict HTTP/1.1\r\nHost: x\r\n\r\n", None),
@@ -236,7 +237,7 @@ def test_a_refused_connection_is_not_read_again_before_its_retry_after(minilm_fp
             assert orjson.loads(answer)["error_type"] == "overloaded"
             sock.sendall(post(b'{"inputs": "at once"}'))
             retries.append((sock, reader, refused_at))
-        for sock, reader, refused_at in retries:
+        for _, reader, refused_at in retries:
             head, _ = reader.response()
             assert time.monotonic() - refused_at > 1.5  # 2 s after the 429 was written, less the time to read it
             assert int(head.split(b" ")[1]) in (200, 429), head  # 429 again if the long batch still runs

@@ -2,8 +2,22 @@ import json
 
 import pytest
 
-from infinity.manifest import (SCHEMA_VERSION, Manifest, ManifestError, ModelFile, Optimization, Parity, Quantization,
-                               Source, Target, TaskFacts, TokenizerFile, sha256_file, verify_checksums, write_atomically)
+from infinity.manifest import (
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestError,
+    ModelFile,
+    Optimization,
+    Parity,
+    Quantization,
+    Source,
+    Target,
+    TaskFacts,
+    TokenizerFile,
+    sha256_file,
+    verify_checksums,
+    write_atomically,
+)
 
 
 def make_manifest(directory):

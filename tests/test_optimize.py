@@ -48,7 +48,8 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
         assert q.mode == "per_token" and q.batch_invariant and q.weight_bits == 7 and "VPDPBUSD" in q.weight_bits_why
         assert manifest.target.required_cpu_flags == ["avx512f", "avx512_vnni"]
         # a quantized attention projects Q, K and V as three INT8 MatMuls of the same codes
-        assert ops["MatMulIntegerToFloat"] == q.candidates - len(manifest.optimization.kept_float) + 2 * ops["MultiHeadAttention"] > 0
+        expected = q.candidates - len(manifest.optimization.kept_float) + 2 * ops["MultiHeadAttention"]
+        assert ops["MatMulIntegerToFloat"] == expected > 0
         assert not {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QAttention"} & set(ops)  # no per-batch scale
         assert ops["MultiHeadAttention"] + ops["Attention"] >= 2
         if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
@@ -97,7 +98,8 @@ def test_edited_weights_fail_parity(artifact_for, tmp_path):
     weight = next(t for t in model.graph.initializer if list(t.dims) == [384, 1536])
     values = onnx.numpy_helper.to_array(weight)
     rng = np.random.default_rng(0)
-    weight.CopyFrom(onnx.numpy_helper.from_array(rng.permutation(values.reshape(-1)).reshape(values.shape), weight.name))
+    shuffled = rng.permutation(values.reshape(-1)).reshape(values.shape)
+    weight.CopyFrom(onnx.numpy_helper.from_array(shuffled, weight.name))
     onnx.save(model, str(broken / "model.onnx"))
     manifest = Manifest.load(broken)
     manifest.model.sha256 = sha256_file(broken / "model.onnx")  # a consistent manifest: only parity can tell

@@ -43,7 +43,8 @@ def build_graph(path, rng: np.random.Generator) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", HIDDEN])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(qkv, "qkv"),
          numpy_helper.from_array(bias, "bias"), numpy_helper.from_array(w2, "w2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     onnx.save(model, str(path))
 
 

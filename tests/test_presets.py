@@ -1,6 +1,13 @@
 import pytest
 
-from optimize.presets import PER_TOKEN_VNNI, PRESETS, QuantizationConfig, TargetPreset, resolve_target, tensorrt_profiles
+from optimize.presets import (
+    PER_TOKEN_VNNI,
+    PRESETS,
+    QuantizationConfig,
+    TargetPreset,
+    resolve_target,
+    tensorrt_profiles,
+)
 
 VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
 SKYLAKE_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw"})
