@@ -92,6 +92,7 @@ class Quantization:
         smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs.
         outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
         latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time.
+        embedding_tables_int8: word-embedding tables of 64 MiB or more stored as INT8 rows with a scale per row.
     """
     mode: str
     weight_type: str = "QInt8"
@@ -118,6 +119,7 @@ class Quantization:
     latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     latency_ms_seq128: dict[str, float] = field(default_factory=dict)
     latency_host: str = ""
+    embedding_tables_int8: list[str] = field(default_factory=list)  # word-embedding tables stored as INT8 rows
 
 
 @dataclass

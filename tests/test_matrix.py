@@ -108,7 +108,7 @@ def test_family_fuses_what_onnxruntime_can_and_records_the_rest(family, family_a
 def test_family_builds_an_int8_artifact_with_its_parity_recorded(family, task, family_artifact, tmp_path):
     _, artifact = family_artifact(family, task, "int8")
     manifest = Manifest.load(artifact)
-    assert manifest.model.precision == "int8" and manifest.optimization.quantization["candidates"] > 0
+    assert manifest.model.precision == "int8" and manifest.optimization.quantization.candidates > 0
     assert manifest.parity.passed == (not manifest.parity.failures)  # passed, or failed and says why
     if task == "feature-extraction":
         args = () if manifest.parity.passed else ("--allow-failed-parity",)
