@@ -52,7 +52,10 @@ class Engine:
                  "token_type_ids": batch.token_type_ids}
         inputs = {name: feeds[name] for name in self.input_names}
         try:
-            outputs: list[np.ndarray] = self.session.run([self.output_name], inputs, QUIET if quiet else None)
+            if quiet:
+                outputs: list[np.ndarray] = self.session.run([self.output_name], inputs, QUIET)
+            else:
+                outputs = self.session.run([self.output_name], inputs)
             return outputs[0]
         except Exception as exc:  # onnxruntime raises its own untyped errors
             # clients get onnxruntime's reason, not the graph's node names (its own log line keeps those)
