@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from starlette.responses import Response
@@ -37,7 +38,7 @@ class Core:
         routes = served + api.elsewhere(served, model.task.name)
         return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys))
 
-    @property
+    @cached_property  # read on every lane request: built once
     def inference(self) -> dict[str, Endpoint]:
         return {endpoint.path: endpoint for endpoint in self.served if endpoint.inference}
 
