@@ -16,6 +16,9 @@ QUIET.log_severity_level = 4  # fatal only
 
 
 NODE_NAME = re.compile(r" ?Name:'[^']*'")
+# CPU artifacts write their residual LayerNorms as Add + LayerNormalization, which onnxruntime's CPU kernels run
+# faster than the SkipLayerNormalization this fusion would make of them again at load.
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
 class EngineError(RuntimeError):
@@ -42,7 +45,8 @@ class Engine:
         providers = providers or manifest.target.providers
         provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
         self.session = ort.InferenceSession(str(artifact_file(directory, manifest.model.file)), options,
-                                            providers=providers, provider_options=provider_options)
+                                            providers=providers, provider_options=provider_options,
+                                            disabled_optimizers=DISABLED_OPTIMIZERS)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = self.session.get_outputs()[0].name
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx import helper
 
 from optimize.onnxio import save_model
 
@@ -33,6 +34,36 @@ class FusionResult:
     stats: dict[str, int]
     gaps: list[str] = field(default_factory=list)
     model_type: str | None = None  # the onnxruntime optimizer's model type used, None when nothing was fused
+    split_layer_norms: int = 0  # SkipLayerNormalization nodes written back as Add + LayerNormalization (CPU)
+
+
+def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
+    """SkipLayerNormalization -> Add(input, bias), Add(skip), LayerNormalization: onnxruntime's CPU
+    LayerNormalization kernel and two Adds take a third of its SkipLayerNormalization's time (docs/int8.md), and
+    the bias Add is a constant the INT8 recipes can fold corrections into. Nodes whose mean or variance outputs
+    are read stay fused."""
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    nodes, split = [], 0
+    for node in graph.node:
+        outputs = list(node.output)
+        if (node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft"
+                or any(name in read for name in outputs[1:3])):
+            nodes.append(node)
+            continue
+        p = node.name or outputs[0]
+        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        total = outputs[3] if len(outputs) > 3 and outputs[3] else f"{p}/sum"
+        first = node.input[0]
+        if len(node.input) > 4 and node.input[4]:
+            nodes.append(helper.make_node("Add", [first, node.input[4]], [f"{p}/biased"], name=f"{p}/AddBias"))
+            first = f"{p}/biased"
+        nodes += [helper.make_node("Add", [first, node.input[1]], [total], name=f"{p}/AddSkip"),
+                  helper.make_node("LayerNormalization", [total, node.input[2], *node.input[3:4]], [outputs[0]],
+                                   name=f"{p}/LayerNormalization", axis=-1, epsilon=epsilon)]
+        split += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return split
 
 
 def _heads_and_hidden(config: Any) -> tuple[int, int]:
@@ -65,9 +96,10 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
     rewritten.replace_gemm_with_matmul()
     rewritten.remove_unused_constant()
     rewritten.clean_initializers()
+    split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
     domains = {o.domain for o in optimized.model.opset_import}
     for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
         # onnxruntime's own save adds the contrib domains its fusions use; this save must as well
         optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     save_model(optimized.model, dst, external_data_bytes)
-    return FusionResult(stats, gaps, model_type)
+    return FusionResult(stats, gaps, model_type, split)

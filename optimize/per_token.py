@@ -8,8 +8,11 @@ divided per channel by s and the weight rows multiplied by s. Where the input co
 1/s is folded into that attention's value projection, so smoothing costs no operator; elsewhere it is one Mul
 shared by every MatMul reading that input.
 
-A fused Attention computes its projection inside one operator, so it is taken apart into the projection (one
-INT8 MatMul for Q, K and V together) and MultiHeadAttention.
+A fused Attention computes its projection inside one operator, so it is taken apart into three INT8 MatMuls (Q, K
+and V) and ONNX's own Attention (opset 23), which onnxruntime runs faster than MultiHeadAttention. Its bias goes
+where it costs least: K's is dropped (softmax ignores a constant added to every score of a row), V's moves past the
+attention into the output projection's bias (softmax rows sum to 1, so it adds b_v @ W_o to the output), and Q's
+is one Add.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from optimize.onnxio import save_model
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
+ATTENTION_OPSET = 23  # ONNX's Attention; below it (a graph the converter cannot lift) MultiHeadAttention
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
 
@@ -66,6 +70,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     """`ranges`: per-channel max |input| of each candidate node from calibration (None: no smoothing)."""
     model = _at_opset(onnx.load(str(src)))
     graph = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     weights = {init.name: init for init in graph.initializer}
     skipped = set(exclude or [])
     producers = {out: node for node in graph.node for out in node.output}
@@ -116,6 +121,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
     new_nodes: list[onnx.NodeProto] = []
     zero_points = _ZeroPoints(graph, new_nodes)
+    mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
     # shared zero points take [batch, sequence] from the first input's leading dims
     leading = len(graph.input[0].type.tensor_type.shape.dim)
     ranks = {name: rank for name, rank in activation_ranks(model).items() if 1 < rank <= leading + 1}
@@ -127,6 +133,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
         tensor = node.input[0]
         quantized, row_scale = f"{tensor}/q", f"{tensor}/row_scale"
         one_sided = tensor in shifted
+        zero = 0 if one_sided else activation_levels(activation_bits)[1]
         if tensor not in prologue_done:
             source = tensor
             if one_sided:
@@ -139,7 +146,6 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
                 new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
                                                   name=f"{smoothed}/Mul"))
                 source = smoothed
-            zero = 0 if one_sided else activation_levels(activation_bits)[1]
             zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
             rows = float_weights[node.name].shape[0]
             new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph, activation_bits,
@@ -149,8 +155,16 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
         if one_sided:
             inverse = inverse_scales.get(tensor, np.ones(float_weights[node.name].shape[0], np.float32))
             shift = GELU_FLOOR * inverse
-        new_nodes.extend(_matmul(node, quantized, row_scale, float_weights[node.name], biases.get(node.name),
-                                 weight_bits, activation_bits, graph, shift, consumers, weights, one_sided))
+        if node.op_type == "Attention":
+            codes, scale = quantize_weight(float_weights[node.name], weight_bits)
+            _const(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
+            value_bias = _ValueBias(node, consumers, weights, float_weights, inverse_scales.get(node.output[0]),
+                                    weight_bits)
+            new_nodes.extend(_attention(node, quantized, row_scale, codes, scale, biases.get(node.name), graph, mask,
+                                        value_bias))
+        else:
+            new_nodes.extend(_matmul(node, quantized, row_scale, float_weights[node.name], weight_bits,
+                                     activation_bits, graph, shift, consumers, weights, one_sided))
         record.quantized.append(node.name)
         record.one_sided += int(one_sided)
     del graph.node[:]
@@ -243,7 +257,12 @@ def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
 
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
-    return model if current >= OPSET else version_converter.convert_version(model, OPSET)
+    if current >= ATTENTION_OPSET or not any(n.op_type == "Attention" for n in model.graph.node):
+        return model if current >= OPSET else version_converter.convert_version(model, OPSET)
+    try:
+        return version_converter.convert_version(model, ATTENTION_OPSET)
+    except Exception:  # the converter raises bare errors for operators it has no adapter for
+        return model if current >= OPSET else version_converter.convert_version(model, OPSET)
 
 
 def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -254,20 +273,18 @@ def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarr
     return codes, scale.astype(np.float32)
 
 
-def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.ndarray, bias: np.ndarray | None,
+def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.ndarray,
             bits: int, activation_bits: int, graph: onnx.GraphProto, shift: np.ndarray | None = None,
             consumers: dict[str, list[onnx.NodeProto]] | None = None,
             weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False) -> list[onnx.NodeProto]:
     p = node.name
     codes, scale = quantize_weight(weight, bits)
     _const(graph, f"{p}/a_zero", np.array(0 if one_sided else activation_levels(activation_bits)[1], np.uint8))
-    if node.op_type == "Attention":
-        return _attention(node, quantized, row_scale, codes, scale, bias, graph)
     _const(graph, f"{p}/w_q", codes)
     _const(graph, f"{p}/w_scale", scale)
     product = f"{p}/product"
     correction = None if shift is None else (shift @ (codes.astype(np.float32) * scale)).astype(np.float32)
-    folded = correction is not None and _fold_bias(node.output[0], correction, consumers or {}, weights or {})
+    folded = correction is not None and _fold_bias(node.output[0], -correction, consumers or {}, weights or {})
     rows_out = product if correction is not None and not folded else node.output[0]
     # the row scale [..., M, 1] as A's scale: the kernel applies it to its output, no Mul of its own
     nodes = [
@@ -280,16 +297,67 @@ def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.nda
     return nodes
 
 
+class _AttentionMask:
+    """ONNX Attention's boolean mask [batch, 1, sequence, sequence] (True: attend), made once from the graph's
+    attention_mask input."""
+
+    def __init__(self, graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+        self.graph, self.nodes, self.made = graph, nodes, ""
+        self.source = next((i.name for i in graph.input if i.name == "attention_mask"), "")
+
+    def get(self) -> str:
+        if self.source and not self.made:
+            p = self.made = "per_token/attention_mask"
+            axes = _const(self.graph, f"{p}/axes", np.array([1, 2], np.int64))
+            self.nodes += [
+                helper.make_node("Cast", [self.source], [f"{p}/bool"], name=f"{p}/Cast", to=onnx.TensorProto.BOOL),
+                helper.make_node("Unsqueeze", [f"{p}/bool", axes], [f"{p}/keys"], name=f"{p}/Unsqueeze"),
+                helper.make_node("Shape", [self.source], [f"{p}/batch"], name=f"{p}/ShapeBatch", end=1),
+                helper.make_node("Shape", [self.source], [f"{p}/sequence"], name=f"{p}/ShapeSequence", start=1, end=2),
+                helper.make_node("Concat", [f"{p}/batch", _const(self.graph, f"{p}/one", np.array([1], np.int64)),
+                                            f"{p}/sequence", f"{p}/sequence"], [f"{p}/shape"], name=f"{p}/Concat",
+                                 axis=0),
+                helper.make_node("Expand", [f"{p}/keys", f"{p}/shape"], [p], name=f"{p}/Expand"),
+            ]
+        return self.made
+
+
+class _ValueBias:
+    """Moves V's bias past the attention: context + b_v feeds the output projection, which adds b_v @ W_o to its
+    own bias. Possible when the attention's output is read only by that MatMul and its bias is a constant only it
+    uses; `inverse`: 1/s when the projection's input is smoothed by a Mul (b_v meets the smoothed weights)."""
+
+    def __init__(self, node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]],
+                 weights: dict[str, onnx.TensorProto], float_weights: dict[str, np.ndarray],
+                 inverse: np.ndarray | None, bits: int) -> None:
+        users = consumers.get(node.output[0], [])
+        self.projection = users[0] if len(users) == 1 and users[0].input[0] == node.output[0] else None
+        self.weight = None
+        if self.projection is not None and _weight(self.projection, weights) is not None:
+            name = self.projection.name
+            if name in float_weights:  # as the INT8 MatMul will multiply: the codes times their scales
+                codes, scale = quantize_weight(float_weights[name], bits)
+                self.weight = codes.astype(np.float32) * scale
+            else:  # kept in float
+                self.weight = numpy_helper.to_array(weights[self.projection.input[1]]).astype(np.float32)
+        self.consumers, self.weights, self.inverse = consumers, weights, inverse
+
+    def fold(self, bias: np.ndarray) -> bool:
+        if self.projection is None or self.weight is None:
+            return False
+        bias = bias if self.inverse is None else bias * self.inverse
+        return _fold_bias(self.projection.output[0], bias @ self.weight, self.consumers, self.weights)
+
+
 def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.ndarray, scale: np.ndarray,
-               bias: np.ndarray | None, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Q, K and V as three INT8 MatMuls of the same codes (no Split to copy them apart), then MultiHeadAttention."""
+               bias: np.ndarray | None, graph: onnx.GraphProto, mask: _AttentionMask | None,
+               value_bias: _ValueBias) -> list[onnx.NodeProto]:
+    """Q, K and V as three INT8 MatMuls of the same codes (no Split to copy them apart), then ONNX's Attention
+    (or MultiHeadAttention, below opset 23)."""
     p = node.name
     hidden = codes.shape[1] // 3
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    mask = node.input[3] if len(node.input) > 3 else ""
-    extra = {"mask_filter_value": attrs["mask_filter_value"]} if "mask_filter_value" in attrs else {}
-    if "scale" in attrs:
-        extra["scale"] = attrs["scale"]
+    masked = len(node.input) > 3 and bool(node.input[3])
     nodes = []
     for index, part in enumerate("qkv"):
         columns = slice(index * hidden, (index + 1) * hidden)
@@ -298,27 +366,51 @@ def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.n
         nodes.append(helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/{part}/w_q", row_scale,
                                                                f"{p}/{part}/w_scale", f"{p}/a_zero"],
                                       [f"{p}/{part}"], name=f"{p}/MatMulInteger_{part}", domain=MS))
-    inputs = [f"{p}/q", f"{p}/k", f"{p}/v"]
+    if mask is None or (masked and not mask.get()):
+        inputs = [f"{p}/q", f"{p}/k", f"{p}/v"]
+        if bias is not None:
+            inputs.append(_const(graph, f"{p}/qkv_bias", bias.astype(np.float32)))
+        elif masked:
+            inputs.append("")
+        if masked:
+            inputs.append(node.input[3])
+        extra = {k: attrs[k] for k in ("mask_filter_value", "scale") if k in attrs}
+        nodes.append(helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention",
+                                      domain=MS, num_heads=attrs["num_heads"], **extra))
+        return nodes
+    parts = {"q": f"{p}/q", "k": f"{p}/k", "v": f"{p}/v"}
     if bias is not None:
-        inputs.append(_const(graph, f"{p}/qkv_bias", bias.astype(np.float32)))
-    elif mask:
-        inputs.append("")
-    if mask:
-        inputs.append(mask)
-    nodes.append(helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention",
-                                  domain=MS, num_heads=attrs["num_heads"], **extra))
+        query, value = bias[:hidden].astype(np.float32), bias[2 * hidden:].astype(np.float32)
+        for part, values in (("q", query), ("v", None if value_bias.fold(value) else value)):
+            if values is not None and values.any():
+                nodes.append(helper.make_node("Add", [parts[part], _const(graph, f"{p}/{part}/bias", values)],
+                                              [f"{p}/{part}_biased"], name=f"{p}/{part}/AddBias"))
+                parts[part] = f"{p}/{part}_biased"
+    extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
+    inputs = [parts["q"], parts["k"], parts["v"], *([mask.get()] if masked else [])]
+    nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=f"{p}/Attention",
+                                  q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra))
     return nodes
 
 
-def _fold_bias(output: str, correction: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
+def _fold_bias(output: str, addend: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
                weights: dict[str, onnx.TensorProto]) -> bool:
-    """Subtract `correction` from the bias a lone SkipLayerNormalization adds to `output`, if it has its own."""
+    """Add `addend` to the constant bias that the one reader of `output` adds to it (a SkipLayerNormalization's own
+    bias, or an Add of a constant), if no other node uses that constant."""
     users = consumers.get(output, [])
-    if len(users) != 1 or users[0].op_type != "SkipLayerNormalization" or len(users[0].input) < 5:
+    if len(users) != 1:
         return False
-    bias_name = users[0].input[4]
+    user = users[0]
+    if user.op_type == "SkipLayerNormalization" and len(user.input) > 4:
+        bias_name = user.input[4]
+    elif user.op_type == "Add" and user.domain in ("", "ai.onnx"):
+        bias_name = next((name for name in user.input if name != output), "")
+    else:
+        return False
     if bias_name not in weights or len(consumers.get(bias_name, [])) != 1:
         return False
     bias = numpy_helper.to_array(weights[bias_name]).astype(np.float32)
-    weights[bias_name].CopyFrom(numpy_helper.from_array(bias - correction, bias_name))
+    if bias.shape != addend.shape:
+        return False
+    weights[bias_name].CopyFrom(numpy_helper.from_array(bias + addend, bias_name))
     return True

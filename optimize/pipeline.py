@@ -153,6 +153,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         return served(path, search_inputs, reference).result
 
     quantization, kept_float, notes = None, [], [*fusion.gaps, *source_notes(source)]
+    if fusion.split_layer_norms:
+        notes.append(f"{fusion.split_layer_norms} SkipLayerNormalization nodes written as Add + LayerNormalization: "
+                     "onnxruntime's CPU kernels run that faster")
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None

@@ -12,12 +12,15 @@ import numpy as np
 def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True) -> Any:
     import onnxruntime as ort
 
+    from infinity.engine import DISABLED_OPTIMIZERS
+
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     if not spin_wait:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
 def median_ms(session: Any, sequence: int = 128, batch: int = 1, runs: int = 15) -> float:
