@@ -126,6 +126,48 @@ def speed_rows(variants: dict[str, Path], scale: float = 1.0) -> dict[str, dict[
     return cells
 
 
+def gemm_floor(model: Path, calls: int = 20) -> dict[tuple[int, int], tuple[float, float]]:
+    """Per cell: (ms a GEMM-bound run would take, GOP/s) for the INT8 graph's weight GEMMs, at the rate onnxruntime's
+    own u8 x s8 kernel reaches on this host for the graph's widest weight, with the cell's rows."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = onnx.load(str(model)).graph
+    weights = {init.name: tuple(init.dims) for init in graph.initializer}
+    shapes = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMulIntegerToFloat" and n.input[1] in weights]
+    depth, width = max(shapes, key=lambda shape: shape[0] * shape[1])
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-63, 64, (depth, width), dtype=np.int8), "w"),
+             numpy_helper.from_array(np.ones(width, np.float32), "w_scale"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zero")]
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "w", "a_scale", "w_scale", "zero"], ["y"],
+                            domain="com.microsoft")
+    probe = helper.make_model(helper.make_graph(
+        [node], "gemm", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", depth]),
+                         helper.make_tensor_value_info("a_scale", TensorProto.FLOAT, ["m", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    per_row = 2 * sum(k * n for k, n in shapes)  # ops of every weight GEMM, per token
+    floors = {}
+    for batch, sequence in CELLS:
+        rows = batch * sequence
+        feeds = {"a": rng.integers(0, 256, (rows, depth), dtype=np.uint8), "a_scale": np.ones((rows, 1), np.float32)}
+        session.run(None, feeds)
+        samples = []
+        for _ in range(max(5, calls * 256 // rows)):
+            start = time.perf_counter()
+            session.run(None, feeds)
+            samples.append(time.perf_counter() - start)
+        rate = 2 * rows * depth * width / statistics.median(samples)
+        floors[(batch, sequence)] = (per_row * rows / rate * 1000, rate / 1e9)
+    return floors
+
+
 def table(variants: dict[str, Path], speed: dict, parity: dict | None) -> list[str]:
     flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
     lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}; INT8-relevant CPU flags: {flags})", "",
@@ -163,7 +205,18 @@ def main(argv: list[str] | None = None) -> None:
         name, _, path = item.partition("=")
         variants[name] = Path(path)
     parity = None if args.no_parity else parity_rows(served_dir, variants)
-    lines = table(variants, speed_rows(variants, args.calls), parity)
+    speed = speed_rows(variants, args.calls)
+    lines = table(variants, speed, parity)
+    artifact = next(name for name in variants if name.startswith(DEFAULT))
+    floors = gemm_floor(variants[artifact])
+    lines += ["", "GEMM-bound floor of the artifact: its weight GEMMs at the u8 x s8 rate onnxruntime's "
+              "MatMulIntegerToFloat reaches on this host for the graph's widest weight (same rows, measured in this "
+              "run); share = floor / the artifact's median.", "",
+              "| | " + " | ".join(f"b{b} s{s}" for b, s in CELLS) + " |", "|---|" + "---|" * len(CELLS),
+              "| u8 x s8 GOP/s | " + " | ".join(f"{floors[c][1]:.0f}" for c in CELLS) + " |",
+              "| floor ms | " + " | ".join(f"{floors[c][0]:.2f}" for c in CELLS) + " |",
+              "| share of the floor | " + " | ".join(f"{floors[c][0] / speed[artifact][c][0]:.0%}"
+                                                    for c in CELLS) + " |"]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "recipes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

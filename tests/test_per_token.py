@@ -135,3 +135,13 @@ def test_attention_bias_goes_where_it_costs_least_and_the_answer_keeps_it(tmp_pa
         length = int(mask[row].sum())
         alone = run(tmp_path / "pt.onnx", {"x": x[row:row + 1, :length], "attention_mask": mask[row:row + 1, :length]})
         assert np.array_equal(alone[0], quantized[row, :length]), row
+
+
+def test_the_recipes_bench_sizes_a_gemm_floor_for_every_cell(graph, tmp_path):  # noqa: F811
+    from bench.recipes import CELLS, gemm_floor
+
+    path, _, _ = graph
+    quantize_per_token(path, tmp_path / "pt.onnx", None, weight_bits=7)
+    floors = gemm_floor(tmp_path / "pt.onnx", calls=2)
+    assert set(floors) == set(CELLS)
+    assert all(np.isfinite(ms) and ms > 0 and rate > 0 for ms, rate in floors.values())
