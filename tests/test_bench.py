@@ -109,3 +109,12 @@ def test_the_retry_storm_runs_from_its_own_process_and_sees_429s(server):  # noq
     assert all(0 < inside < at_client for inside, at_client in zip(served, latencies))
     assert f"{refused} x 429" in summary
     assert loop_cpu_s(process.pid) > before
+
+
+def test_the_profile_names_each_operator_types_share(minilm_fp32_artifact: Path):
+    from bench.profile import profile
+
+    by_type, run = profile(minilm_fp32_artifact / "model.onnx", batch=1, sequence=8, runs=3)
+    # the fp32 artifact as the server loads it: its residual LayerNorms stay unfused
+    assert by_type.get("LayerNormalization", 0) > 0 and "SkipLayerNormalization" not in by_type
+    assert by_type.get("Attention", 0) > 0 and run > 0
