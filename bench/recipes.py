@@ -62,7 +62,8 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     artifact = artifacts[f"per_token_{target.name}"] / "model.onnx"
     variants = {"fp32 (fused)": fused, f"{DEFAULT}: {target.name}": artifact}
 
-    other_bits = 8 if target.quantization and target.quantization.weight_bits == 7 else 7
+    built = Manifest.load(artifacts[f"per_token_{target.name}"]).optimization.quantization
+    other_bits = 8 if built is not None and built.weight_bits == 7 else 7
     other = out / f"per_token_w{other_bits}.onnx"
     if not other.is_file():
         manifest = Manifest.load(artifacts["fp32"])

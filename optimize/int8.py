@@ -10,11 +10,13 @@ from typing import Any
 import numpy as np
 import onnx
 
+from infinity.hostinfo import cpu_flags
+from infinity.manifest import Manifest
 from optimize.onnxio import copy_model
 from optimize.outliers import activation_ranges, split_outliers
 from optimize.parity import ParityResult
 from optimize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
-from optimize.presets import QuantizationConfig
+from optimize.presets import VNNI_WIDE_WEIGHTS, QuantizationConfig
 from optimize.quantize import accuracy_aware_quantize, keep_fewest_float, quantizable_nodes, quantize
 from optimize.recipe import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.reference import OnnxRunner, calibration_inputs
@@ -134,9 +136,9 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
 
     last: list[PerTokenRecord] = []
 
-    def write(path: Path, keep: list[str]) -> None:
-        last[:] = [quantize_per_token(src, path, ranges, weight_bits=config.weight_bits,
-                                      alpha=config.smoothing_alpha, exclude=keep)]
+    def write(path: Path, keep: list[str], bits: int = config.weight_bits) -> None:
+        last[:] = [quantize_per_token(src, path, ranges, weight_bits=bits, alpha=config.smoothing_alpha,
+                                      exclude=keep)]
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)
@@ -146,15 +148,32 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
                                                                         "smoothed into the weights"}}
     if keep_float_like is not None:
         kept = nodes_for_roles(nodes, kept_roles(keep_float_like))
+        carried = Manifest.load(keep_float_like).optimization.quantization
+        bits = carried.weight_bits if carried and carried.weight_bits in (7, 8) else config.weight_bits
         full_int8 = None
         if kept:
             full_int8 = scratch / "full_int8.onnx"
-            write(full_int8, [])
-        write(dst, kept)
+            write(full_int8, [], bits)
+        write(dst, kept, bits)
         record.update(candidates=len(nodes), kept_float=len(kept), recipe_from=str(keep_float_like),
-                      smoothing=last[0].to_dict())
+                      smoothing=last[0].to_dict(), weight_bits=bits, reduce_range=bits == 7,
+                      weight_bits_why=carried.weight_bits_why if carried else config.weight_bits_why)
         log(f"  per-token recipe from {keep_float_like}: {len(kept)} of {len(nodes)} nodes kept in float")
         return Int8Result(record, kept, full_int8)
+    if config.weight_bits < 8 and set(config.wide_weights_flags) & cpu_flags():
+        wide = scratch / "full_int8_w8.onnx"
+        write(wide, [], 8)
+        checked = evaluate(wide)
+        if checked.passed:
+            copy_model(wide, dst)
+            record.update(candidates=len(nodes), kept_float=0, trials=1, full_int8_metrics=checked.metrics,
+                          smoothing=last[0].to_dict(), weight_bits=8, reduce_range=False,
+                          weight_bits_why=VNNI_WIDE_WEIGHTS)
+            log(f"  per-token INT8, 8-bit weights: {len(nodes)} of {len(nodes)} nodes, "
+                f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
+            return Int8Result(record, [], None)
+        log(f"  8-bit weights miss parity with every node INT8 ({'; '.join(checked.failures)}): 7-bit weights "
+            "and the parity search")
     result = keep_fewest_float(nodes, write, dst, evaluate, scratch, log)
     record.update(candidates=result.candidates, kept_float=len(result.kept_float), trials=result.trials,
                   full_int8_metrics=result.full_int8, smoothing=last[0].to_dict())

@@ -26,6 +26,9 @@ class QuantizationConfig:
     activations: str = "per_token"
     smoothing_alpha: float = 0.5  # per_token: s = range_x^alpha / range_w^(1 - alpha)
     weight_bits_why: str = ""  # why this target's kernels want weight_bits
+    # per_token: on a build host with one of these flags (kernels that sum u8 x s8 in 32 bits), 8-bit weights are
+    # tried first and kept when every node quantizes within parity; otherwise weight_bits and the parity search
+    wide_weights_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
@@ -49,6 +52,7 @@ class QuantizationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["wide_weights_flags"]  # a choice at build time: the record says the bits chosen and why
         data["op_types"] = list(self.op_types)
         data["activation_type"] = "QUInt8"
         data["weight_bits"] = self.weight_bits
@@ -81,14 +85,18 @@ class TargetPreset:
         return "CPUExecutionProvider" not in self.providers[:1]
 
 
-# Every CPU target: per-token activations (batch-invariant), per-channel weights at 7 bits. VPMADDUBSW (AVX2,
-# AVX-512 without VNNI) adds pairs of u8 x s8 products into int16, which 8-bit weights can saturate. VPDPBUSD
-# (AVX-512 VNNI) sums in 32 bits, so 8 bits would be exact there and closer on MiniLM (held-out cosine_min 0.9962
-# vs 0.9935), but on the tiny DistilBERT classifier the parity search then kept 4 nodes in float where 7 bits keep
-# 9, passed on its tuning texts and failed on the held-out ones (top-1 agreement 0.9818): VNNI keeps 7 bits until
-# the search holds on held-out texts. PER_TOKEN_VNNI is that measured alternative.
-VNNI_WEIGHTS = ("7-bit weights: VPDPBUSD sums in 32 bits, so 8 would not saturate, but with 8 the parity search "
-                "overfit its tuning texts on a classifier; 7-bit products are exact on every x86 INT8 path")
+# Every CPU target: per-token activations (batch-invariant), per-channel weights. VPMADDUBSW (AVX2, AVX-512
+# without VNNI) adds pairs of u8 x s8 products into int16, which 8-bit weights can saturate: 7 bits. VPDPBUSD
+# (AVX-512 VNNI) sums in 32 bits, so 8 bits are exact there and closer (MiniLM held-out cosine_min 0.9961 vs 0.9936,
+# same speed). They are kept when the whole graph quantizes within parity on a VNNI build host (whose kernels are
+# the ones served, so its parity is what is served); where nodes must stay float, the parity search with 8 bits
+# overfit its tuning texts on the tiny DistilBERT classifier (4 nodes kept where 7 bits keep 9; held-out top-1
+# agreement 0.9818), so the search runs with 7.
+VNNI_WEIGHTS = ("7-bit weights: with 8 (VPDPBUSD sums in 32 bits) the parity search overfit its tuning texts on a "
+                "classifier, and 7-bit products are exact on every x86 INT8 path")
+VNNI_WIDE_WEIGHTS = ("8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits, and every node quantized within "
+                     "parity on a VNNI build host")
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x s8 products into int16, which "
                    "8-bit weights can saturate")
 PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
@@ -97,7 +105,8 @@ PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduc
 PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token",
                                weight_bits_why=NO_VNNI_WEIGHTS)
 PER_TOKEN_ON_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True,
-                                       activations="per_token", weight_bits_why=VNNI_WEIGHTS)
+                                       activations="per_token", weight_bits_why=VNNI_WEIGHTS,
+                                       wide_weights_flags=VNNI_FLAGS)
 # onnxruntime's dynamic INT8 (one scale per padded batch), kept for comparison and for --recipe per-tensor.
 PER_TENSOR_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
                                      activations="per_tensor")
@@ -121,7 +130,8 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
     TargetPreset(
         "icelake",
         "AVX-512 VNNI: per-token INT8 (one scale per token: an answer never depends on its batch), SmoothQuant "
-        "alpha 0.5, per-channel weights at 7 bits (8 would not saturate VPDPBUSD; see the weight bits' reason).",
+        "alpha 0.5, per-channel weights at 8 bits when every node quantizes within parity on a VNNI build host, "
+        "else 7 with the parity search (see the weight bits' reason).",
         _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
     TargetPreset(
         "cascadelake",

@@ -41,6 +41,18 @@ def test_the_8_bit_alternative_is_named_for_vnni():
     assert PER_TOKEN_VNNI.weight_bits == 8 and "VPDPBUSD" in PER_TOKEN_VNNI.weight_bits_why
 
 
+@pytest.mark.parametrize("name", ["icelake", "cascadelake", "skylake", "avx2"])
+def test_only_vnni_targets_try_8_bit_weights_and_the_record_stays_typed(name):
+    from infinity.manifest import Quantization
+    from infinity.manifest_schema import conform
+
+    q = PRESETS[name].quantization
+    vnni = "avx512_vnni" in PRESETS[name].required_cpu_flags
+    assert bool(q.wide_weights_flags) == vnni and set(q.wide_weights_flags) <= {"avx512_vnni", "avx_vnni"}
+    record = conform(Quantization, {**q.to_dict(), "mode": q.activations}, "quantization")
+    assert record.weight_bits == 7
+
+
 def test_per_token_needs_signed_per_channel_weights():
     with pytest.raises(ValueError, match="per_token"):
         QuantizationConfig(weight_type="QUInt8", activations="per_token")
