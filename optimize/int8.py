@@ -142,6 +142,8 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)
+    # 8-bit weights only where the build host's kernels sum u8 x s8 in 32 bits, as the target's do
+    wide = config.weight_bits < 8 and bool(set(config.wide_weights_flags) & cpu_flags())
     record: dict[str, Any] = {**config.to_dict(), "mode": "per_token", "batch_invariant": True,
                               "calibration_inputs": len(calibration),
                               "outliers": {"applied": False, "reason": "per-token recipe: outlier channels are "
@@ -149,7 +151,7 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     if keep_float_like is not None:
         kept = nodes_for_roles(nodes, kept_roles(keep_float_like))
         carried = Manifest.load(keep_float_like).optimization.quantization
-        bits = carried.weight_bits if carried and carried.weight_bits in (7, 8) else config.weight_bits
+        bits = 8 if wide and carried is not None and carried.weight_bits == 8 else config.weight_bits
         full_int8 = None
         if kept:
             full_int8 = scratch / "full_int8.onnx"
@@ -157,15 +159,15 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
         write(dst, kept, bits)
         record.update(candidates=len(nodes), kept_float=len(kept), recipe_from=str(keep_float_like),
                       smoothing=last[0].to_dict(), weight_bits=bits, reduce_range=bits == 7,
-                      weight_bits_why=carried.weight_bits_why if carried else config.weight_bits_why)
+                      weight_bits_why=VNNI_WIDE_WEIGHTS if bits > config.weight_bits else config.weight_bits_why)
         log(f"  per-token recipe from {keep_float_like}: {len(kept)} of {len(nodes)} nodes kept in float")
         return Int8Result(record, kept, full_int8)
-    if config.weight_bits < 8 and set(config.wide_weights_flags) & cpu_flags():
-        wide = scratch / "full_int8_w8.onnx"
-        write(wide, [], 8)
-        checked = evaluate(wide)
+    if wide:
+        eight_bit = scratch / "full_int8_w8.onnx"
+        write(eight_bit, [], 8)
+        checked = evaluate(eight_bit)
         if checked.passed:
-            copy_model(wide, dst)
+            copy_model(eight_bit, dst)
             record.update(candidates=len(nodes), kept_float=0, trials=1, full_int8_metrics=checked.metrics,
                           smoothing=last[0].to_dict(), weight_bits=8, reduce_range=False,
                           weight_bits_why=VNNI_WIDE_WEIGHTS)

@@ -387,6 +387,8 @@ def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.n
                                               [f"{p}/{part}_biased"], name=f"{p}/{part}/AddBias"))
                 parts[part] = f"{p}/{part}_biased"
     extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
+    if attrs.get("unidirectional"):
+        extra["is_causal"] = 1
     inputs = [parts["q"], parts["k"], parts["v"], *([mask.get()] if masked else [])]
     nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=f"{p}/Attention",
                                   q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra))

@@ -176,6 +176,8 @@ def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_a
     source = Manifest.load(minilm_int8_artifact).optimization.quantization.outliers
     carried = manifest.optimization.quantization
     assert carried.recipe_from == str(minilm_int8_artifact)
+    # the weight bits come with the recipe (8 only where this host's kernels sum in 32 bits, as the source's did)
+    assert carried.weight_bits == Manifest.load(minilm_int8_artifact).optimization.quantization.weight_bits
     assert carried.outliers["applied"] is source["applied"]
     if source["applied"]:
         by_role = {node_role(name): count for name, count in source["per_node"].items()}
