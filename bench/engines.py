@@ -14,31 +14,18 @@ fp32 does.
 from __future__ import annotations
 
 import random
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from bench.recipes import CELLS, TASK, minilm
+from bench.recipes import CELLS, TASK, Runner, minilm, ort_runner, timed_cells
 from bench.run import RESULTS, WORK
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import l2_normalize, pool
 from infinity.tokenization import TextTokenizer, pad_batch
 
-Feeds = dict[str, np.ndarray]
-Runner = Callable[[Feeds], np.ndarray]
 THREADS = 2
-
-
-def _ort(path: Path) -> Runner:
-    from optimize.speed import cpu_session
-
-    session = cpu_session(path, threads=THREADS, spin_wait=False)
-    names = {i.name for i in session.get_inputs()}
-    return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
 
 
 def _openvino(model: object, extra: dict[str, object]) -> Runner:
@@ -55,10 +42,11 @@ def runners(recipes: Path, plain: Path) -> dict[str, Runner]:
     import nncf
     import openvino as ov
 
-    found = {"the artifact (onnxruntime, per-token INT8)": _ort(recipes / "per_token_icelake" / "model.onnx")
-             if (recipes / "per_token_icelake").is_dir() else None}
+    artifact = recipes / "per_token_icelake"
+    found = {"the artifact (onnxruntime, per-token INT8)":
+             ort_runner(artifact / "model.onnx", THREADS) if artifact.is_dir() else None}
     dynamic = next(recipes.glob("quantize_dynamic_*.onnx"), None)
-    found["onnxruntime quantize_dynamic"] = _ort(dynamic) if dynamic else None
+    found["onnxruntime quantize_dynamic"] = ort_runner(dynamic, THREADS) if dynamic else None
     core = ov.Core()
     found["OpenVINO fp32"] = _openvino(core.read_model(str(plain)), {"INFERENCE_PRECISION_HINT": "f32"})
     if {"avx512_bf16", "amx_bf16"} & cpu_flags():
@@ -100,25 +88,6 @@ def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) ->
     return rows
 
 
-def speed(engines: dict[str, Runner]) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
-    cells: dict[str, dict[tuple[int, int], tuple[float, float]]] = {name: {} for name in engines}
-    for batch, sequence in CELLS:
-        ids = np.full((batch, sequence), 1000, np.int64)
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-        for run in engines.values():
-            run(feeds)
-            run(feeds)
-        samples: dict[str, list[float]] = {name: [] for name in engines}
-        for _ in range(max(5, min(60, 40_000 // (batch * sequence)))):
-            for name, run in engines.items():
-                start = time.perf_counter()
-                run(feeds)
-                samples[name].append((time.perf_counter() - start) * 1000)
-        for name, values in samples.items():
-            cells[name][(batch, sequence)] = (statistics.median(values), min(values))
-    return cells
-
-
 def main() -> None:
     from optimize.export import export_onnx
     from optimize.source import load_source
@@ -135,7 +104,7 @@ def main() -> None:
     tokenizer = TextTokenizer(served / "tokenizer.json", manifest.tokenizer.max_length, manifest.tokenizer.pad_id)
     engines = runners(recipes, plain)
     checked = parity(engines, tokenizer, manifest.tokenizer.pad_id)
-    timed = speed(engines)
+    timed = timed_cells(engines, lambda batch, sequence: max(5, min(60, 40_000 // (batch * sequence))))
     flags = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni"))))
     lines = [f"# Engines on all-MiniLM-L6-v2 ({host_cpu_name()}; {flags or 'no AVX-512 or AMX flags'})", "",
              f"In-process, {THREADS} threads, median (min) ms, engines in turns; held-out cosine_min alone / batched "

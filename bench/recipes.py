@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,30 +102,41 @@ def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[s
     return rows
 
 
-def _feeds(session: Any, batch: int, sequence: int) -> dict[str, np.ndarray]:
-    ids = np.full((batch, sequence), 1000, dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-    return {i.name: feeds[i.name] for i in session.get_inputs()}
+Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
-def speed_rows(variants: dict[str, Path], scale: float = 1.0) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
-    """(median, min) ms per variant and cell, the variants taking turns call by call."""
-    sessions = {name: cpu_session(path, threads=2, spin_wait=False) for name, path in variants.items()}
-    cells: dict[str, dict[tuple[int, int], tuple[float, float]]] = {name: {} for name in sessions}
+def ort_runner(path: Path, threads: int = 2) -> Runner:
+    """One graph on onnxruntime's CPU provider, fed only the inputs it takes."""
+    session = cpu_session(path, threads=threads, spin_wait=False)
+    names = {i.name for i in session.get_inputs()}
+    return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
+
+
+def timed_cells(runners: dict[str, Runner], calls: Callable[[int, int], int]) -> dict[str, dict[tuple[int, int],
+                                                                                             tuple[float, float]]]:
+    """(median, min) ms per runner and cell, the runners taking turns call by call; `calls(batch, sequence)`."""
+    cells: dict[str, dict[tuple[int, int], tuple[float, float]]] = {name: {} for name in runners}
     for batch, sequence in CELLS:
-        feeds = {name: _feeds(session, batch, sequence) for name, session in sessions.items()}
-        for name, session in sessions.items():
+        ids = np.full((batch, sequence), 1000, dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        for run in runners.values():
             for _ in range(2):
-                session.run(None, feeds[name])
-        samples: dict[str, list[float]] = {name: [] for name in sessions}
-        for _ in range(max(3, int(scale * min(60, CALLS // (batch * sequence * 20) + 3)))):
-            for name, session in sessions.items():
+                run(feeds)
+        samples: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(calls(batch, sequence)):
+            for name, run in runners.items():
                 start = time.perf_counter()
-                session.run(None, feeds[name])
+                run(feeds)
                 samples[name].append((time.perf_counter() - start) * 1000)
         for name, values in samples.items():
             cells[name][(batch, sequence)] = (statistics.median(values), min(values))
     return cells
+
+
+def speed_rows(variants: dict[str, Path], scale: float = 1.0) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
+    """(median, min) ms per variant and cell, 2 threads, no spinning."""
+    return timed_cells({name: ort_runner(path) for name, path in variants.items()},
+                       lambda batch, sequence: max(3, int(scale * min(60, CALLS // (batch * sequence * 20) + 3))))
 
 
 def gemm_floor(model: Path, calls: int = 20) -> dict[tuple[int, int], tuple[float, float]]:
