@@ -89,7 +89,10 @@ class Quantization:
         weight_bits: 8, or 7 where the target's dot product adds u8 x s8 pairs into int16 (reduce_range).
         weight_bits_why: the target's reason for those bits.
         candidates, kept_float: quantizable nodes, and how many of them parity kept in float.
-        smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs.
+        calibrated_roles: per-token: the roles of the inputs quantized with one calibrated scale for every row
+            ("normalized": a LayerNorm's output, "context": an attention's); the rest get a scale per row.
+        smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs,
+            inputs with a calibrated scale.
         outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
         latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time.
         embedding_tables_int8: word-embedding tables of 64 MiB or more stored as INT8 rows with a scale per row.
@@ -105,6 +108,7 @@ class Quantization:
     op_types: list[str] = field(default_factory=list)
     split_outliers: bool = False
     smoothing_alpha: float = 0.5
+    calibrated_roles: list[str] = field(default_factory=list)
     batch_invariant: bool = False
     candidates: int = 0
     kept_float: int = 0

@@ -45,9 +45,22 @@ def side_path_name(node: str) -> str:
     return f"{node}/outliers/MatMul"
 
 
+Bounds = tuple[np.ndarray, np.ndarray]  # per channel (min, max)
+
+
 def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds],
                       threads: int = 0) -> dict[str, np.ndarray]:
     """Per-channel max |x| of each node's first input, over the real (unpadded) tokens of the batches."""
+    return peaks(activation_bounds(model_path, nodes, batches, threads))
+
+
+def peaks(bounds: dict[str, Bounds]) -> dict[str, np.ndarray]:
+    return {node: np.maximum(-low, high) for node, (low, high) in bounds.items()}
+
+
+def activation_bounds(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds],
+                      threads: int = 0) -> dict[str, Bounds]:
+    """Per-channel (min, max) of each node's first input, over the real (unpadded) tokens of the batches."""
     import onnxruntime as ort
 
     model = onnx.load(str(model_path))
@@ -65,7 +78,7 @@ def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[
                                        providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         feed_names = {i.name for i in session.get_inputs()}
-        ranges: dict[str, np.ndarray] = {}
+        bounds: dict[str, Bounds] = {}
         for feeds in batches:
             values = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in feed_names})))
             real = feeds["attention_mask"].astype(bool)
@@ -74,9 +87,11 @@ def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[
                 # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative
                 # position embeddings are [1, positions, hidden] whatever the batch) is taken whole
                 value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
-                peak = np.abs(value).max(axis=0)
-                ranges[tensor] = np.maximum(ranges[tensor], peak) if tensor in ranges else peak
-    return {node: ranges[tensor] for node, tensor in inputs.items()}
+                low, high = value.min(axis=0), value.max(axis=0)
+                if tensor in bounds:
+                    low, high = np.minimum(bounds[tensor][0], low), np.maximum(bounds[tensor][1], high)
+                bounds[tensor] = (low, high)
+    return {node: bounds[tensor] for node, tensor in inputs.items()}
 
 
 def outlier_channels(peak: np.ndarray, limit: int = MAX_CHANNELS, ratio: float = RATIO) -> np.ndarray:

@@ -8,11 +8,18 @@ divided per channel by s and the weight rows multiplied by s. Where the input co
 1/s is folded into that attention's value projection, so smoothing costs no operator; elsewhere it is one Mul
 shared by every MatMul reading that input.
 
+Rows that something already bounds need no scale of their own: a LayerNorm's output (every row normalized) and an
+attention's output (every row a weighted mean of value rows). With `calibrated_roles`, such inputs get one scale and
+zero point from their calibrated [min, max] (asymmetric: all 256 codes), constant for every row and batch, so the
+answer still never depends on the batch. The MatMul then scales inside its kernel and adds the bias there too,
+where a per-row scale needs a pass of its own over the output and an Add after it. GELU outputs keep a scale per
+row: their rows' ranges differ too much for one scale.
+
 A fused Attention computes its projection inside one operator, so it is taken apart into three INT8 MatMuls (Q, K
 and V) and ONNX's own Attention (opset 23), which onnxruntime runs faster than MultiHeadAttention. Its bias goes
 where it costs least: K's is dropped (softmax ignores a constant added to every score of a row), V's moves past the
 attention into the output projection's bias (softmax rows sum to 1, so it adds b_v @ W_o to the output), and Q's
-is one Add.
+is one Add (or the MatMul's own, with one calibrated scale).
 """
 from __future__ import annotations
 
@@ -25,12 +32,15 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from optimize.onnxio import save_model
+from optimize.outliers import Bounds, peaks
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
 ATTENTION_OPSET = 23  # ONNX's Attention; below it (a graph the converter cannot lift) MultiHeadAttention
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
+NORMALIZING_OPS = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
+                   "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
 
 
 @dataclass
@@ -39,10 +49,12 @@ class PerTokenRecord:
     smoothed_inputs: int = 0
     smoothing_folded: int = 0  # of those, how many cost no operator
     one_sided: int = 0  # MatMuls reading a GELU output, quantized over [floor, max] with all 255 codes
+    calibrated: int = 0  # inputs quantized with one calibrated scale: rows a LayerNorm or an attention bounds
 
     def to_dict(self) -> dict:
         return {"quantized": len(self.quantized), "smoothed_inputs": self.smoothed_inputs,
-                "smoothing_folded_into_weights": self.smoothing_folded, "one_sided_gelu_inputs": self.one_sided}
+                "smoothing_folded_into_weights": self.smoothing_folded, "one_sided_gelu_inputs": self.one_sided,
+                "calibrated_inputs": self.calibrated}
 
 
 def per_token_candidates(model_path: Path) -> list[str]:
@@ -64,10 +76,25 @@ def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) ->
     return (scale / np.exp(np.log(scale).mean())).astype(np.float32)
 
 
-def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | None, weight_bits: int = 8,
-                       alpha: float = 0.5, exclude: list[str] | None = None,
-                       activation_bits: int = 8) -> PerTokenRecord:
-    """`ranges`: per-channel max |input| of each candidate node from calibration (None: no smoothing)."""
+def input_role(tensor: str, producer: onnx.NodeProto | None) -> str:
+    """What made a MatMul's input: "normalized" (a LayerNorm's output), "context" (an attention's output), "gelu"
+    or "other"."""
+    if producer is None:
+        return "other"
+    if producer.op_type in NORMALIZING_OPS and tensor == producer.output[0]:
+        return "normalized"
+    if producer.op_type in ("Attention", "MultiHeadAttention"):
+        return "context"
+    return "gelu" if producer.op_type in GELU_OPS else "other"
+
+
+def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, weight_bits: int = 8,
+                       alpha: float = 0.5, exclude: list[str] | None = None, activation_bits: int = 8,
+                       calibrated_roles: frozenset[str] = frozenset()) -> PerTokenRecord:
+    """`bounds`: per-channel (min, max) of each candidate node's input from calibration (None: no smoothing).
+    `calibrated_roles`: inputs of these roles (see input_role) get one scale and zero point from `bounds` instead
+    of a scale per row."""
+    ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
     graph = model.graph
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -92,6 +119,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
               if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
     smoothed_input: dict[str, str] = {}
     inverse_scales: dict[str, np.ndarray] = {}
+    divided: dict[str, np.ndarray] = {}  # what each smoothed input's channels are multiplied by
     if ranges is not None:
         for tensor, nodes in by_input.items():
             if any(n.name not in ranges for n in nodes):
@@ -99,6 +127,7 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
             peak = np.max([ranges[n.name] for n in nodes], axis=0)
             weight_peak = np.max([np.abs(float_weights[n.name]).max(axis=1) for n in nodes], axis=0)
             scale = smoothing_scales(peak, weight_peak, alpha)
+            divided[tensor] = 1 / scale
             for n in nodes:
                 float_weights[n.name] = float_weights[n.name] * scale[:, None]
             record.smoothed_inputs += 1
@@ -119,6 +148,12 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     # A GELU output is bounded below: shifted to be non-negative, it is quantized one-sided over all 255 codes
     # (twice the resolution of symmetric codes); the shift's constant product is taken out of the output bias.
     shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
+    calibrated = {}  # input -> (scale, zero point)
+    for tensor, nodes in by_input.items():
+        if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
+                n.name in bounds for n in nodes):
+            calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], divided.get(tensor))
+    bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
     new_nodes: list[onnx.NodeProto] = []
     zero_points = _ZeroPoints(graph, new_nodes)
     mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
@@ -127,6 +162,8 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
     ranks = {name: rank for name, rank in activation_ranks(model).items() if 1 < rank <= leading + 1}
     prologue_done: set[str] = set()
     for node in graph.node:
+        if node.name in bypassed:
+            continue
         if node.name not in chosen_names:
             new_nodes.append(node)
             continue
@@ -134,6 +171,9 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
         quantized, row_scale = f"{tensor}/q", f"{tensor}/row_scale"
         one_sided = tensor in shifted
         zero = 0 if one_sided else activation_levels(activation_bits)[1]
+        one_scale = tensor in calibrated
+        if one_scale:
+            row_scale, zero = f"{tensor}/calibrated_scale", calibrated[tensor][1]
         if tensor not in prologue_done:
             source = tensor
             if one_sided:
@@ -146,10 +186,17 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
                 new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
                                                   name=f"{smoothed}/Mul"))
                 source = smoothed
-            zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
             rows = float_weights[node.name].shape[0]
-            new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph, activation_bits,
-                                       one_sided))
+            if one_scale:
+                _const(graph, row_scale, np.array(calibrated[tensor][0], np.float32))
+                new_nodes.append(helper.make_node("QuantizeLinear", [source, row_scale, _const(
+                    graph, f"{tensor}/calibrated_zero", np.array(zero, np.uint8))], [quantized],
+                    name=f"{tensor}/q/QuantizeLinear"))
+                record.calibrated += 1
+            else:
+                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
+                new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph,
+                                           activation_bits, one_sided))
             prologue_done.add(tensor)
         shift = None
         if one_sided:
@@ -161,10 +208,11 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
             value_bias = _ValueBias(node, consumers, weights, float_weights, inverse_scales.get(node.output[0]),
                                     weight_bits)
             new_nodes.extend(_attention(node, quantized, row_scale, codes, scale, biases.get(node.name), graph, mask,
-                                        value_bias))
+                                        value_bias, one_scale))
         else:
             new_nodes.extend(_matmul(node, quantized, row_scale, float_weights[node.name], weight_bits,
-                                     activation_bits, graph, shift, consumers, weights, one_sided))
+                                     activation_bits, graph, shift, consumers, weights, one_sided,
+                                     bypassed if one_scale else None, zero))
         record.quantized.append(node.name)
         record.one_sided += int(one_sided)
     del graph.node[:]
@@ -176,6 +224,15 @@ def quantize_per_token(src: Path, dst: Path, ranges: dict[str, np.ndarray] | Non
         model.opset_import.append(helper.make_opsetid(MS, 1))
     save_model(model, dst)
     return record
+
+
+def calibrated_scale(bounds: Bounds, divided: np.ndarray | None) -> tuple[float, int]:
+    """(scale, u8 zero point) that spread the calibrated [min, max] of the (smoothed) input, widened to hold 0,
+    over all 256 codes."""
+    low, high = (b if divided is None else b * divided for b in bounds)
+    low_end, high_end = min(float(low.min()), 0.0), max(float(high.max()), 0.0)
+    scale = max(high_end - low_end, 1e-12) / 255
+    return scale, int(np.clip(np.round(-low_end / scale), 0, 255))
 
 
 def _const(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
@@ -276,21 +333,32 @@ def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarr
 def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.ndarray,
             bits: int, activation_bits: int, graph: onnx.GraphProto, shift: np.ndarray | None = None,
             consumers: dict[str, list[onnx.NodeProto]] | None = None,
-            weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False) -> list[onnx.NodeProto]:
+            weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False,
+            bypassed: set[str] | None = None, zero: int | None = None) -> list[onnx.NodeProto]:
+    """`bypassed`: given when A's scale is one constant, so the kernel can add the bias; the bias Add taken in is
+    added to it."""
     p = node.name
     codes, scale = quantize_weight(weight, bits)
-    _const(graph, f"{p}/a_zero", np.array(0 if one_sided else activation_levels(activation_bits)[1], np.uint8))
+    if zero is None:
+        zero = 0 if one_sided else activation_levels(activation_bits)[1]
+    _const(graph, f"{p}/a_zero", np.array(zero, np.uint8))
     _const(graph, f"{p}/w_q", codes)
     _const(graph, f"{p}/w_scale", scale)
     product = f"{p}/product"
     correction = None if shift is None else (shift @ (codes.astype(np.float32) * scale)).astype(np.float32)
     folded = correction is not None and _fold_bias(node.output[0], -correction, consumers or {}, weights or {})
     rows_out = product if correction is not None and not folded else node.output[0]
-    # the row scale [..., M, 1] as A's scale: the kernel applies it to its output, no Mul of its own
-    nodes = [
-        helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/w_q", row_scale, f"{p}/w_scale", f"{p}/a_zero"],
-                         [rows_out], name=f"{p}/MatMulInteger", domain=MS),
-    ]
+    inputs = [quantized, f"{p}/w_q", row_scale, f"{p}/w_scale", f"{p}/a_zero"]
+    if bypassed is not None and rows_out == node.output[0]:
+        taken = _take_bias(node.output[0], consumers or {}, weights or {}, codes.shape[1])
+        if taken is not None:
+            bias, rows_out = taken[0], taken[1]
+            inputs += ["", bias]
+            if taken[2]:
+                bypassed.add(taken[2])
+    # A's scale: one calibrated constant, which the kernel applies before it adds the bias; or the row scale
+    # [..., M, 1], which onnxruntime applies in a pass after the kernel (bias included), so the bias stays an Add
+    nodes = [helper.make_node("MatMulIntegerToFloat", inputs, [rows_out], name=f"{p}/MatMulInteger", domain=MS)]
     if correction is not None and not folded:
         nodes.append(helper.make_node("Sub", [product, _const(graph, f"{p}/shift_product", correction)],
                                       [node.output[0]], name=f"{p}/Unshift"))
@@ -351,9 +419,10 @@ class _ValueBias:
 
 def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.ndarray, scale: np.ndarray,
                bias: np.ndarray | None, graph: onnx.GraphProto, mask: _AttentionMask | None,
-               value_bias: _ValueBias) -> list[onnx.NodeProto]:
+               value_bias: _ValueBias, in_kernel: bool = False) -> list[onnx.NodeProto]:
     """Q, K and V as three INT8 MatMuls of the same codes (no Split to copy them apart), then ONNX's Attention
-    (or MultiHeadAttention, below opset 23)."""
+    (or MultiHeadAttention, below opset 23). `in_kernel`: A's scale is one constant, so the MatMuls add Q's and V's
+    biases themselves."""
     p = node.name
     hidden = codes.shape[1] // 3
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -382,7 +451,10 @@ def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.n
     if bias is not None:
         query, value = bias[:hidden].astype(np.float32), bias[2 * hidden:].astype(np.float32)
         for part, values in (("q", query), ("v", None if value_bias.fold(value) else value)):
-            if values is not None and values.any():
+            if values is not None and values.any() and in_kernel:
+                matmul = nodes["qkv".index(part)]
+                matmul.input.extend(["", _const(graph, f"{p}/{part}/bias", values)])
+            elif values is not None and values.any():
                 nodes.append(helper.make_node("Add", [parts[part], _const(graph, f"{p}/{part}/bias", values)],
                                               [f"{p}/{part}_biased"], name=f"{p}/{part}/AddBias"))
                 parts[part] = f"{p}/{part}_biased"
@@ -393,6 +465,29 @@ def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.n
     nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=f"{p}/Attention",
                                   q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra))
     return nodes
+
+
+def _take_bias(output: str, consumers: dict[str, list[onnx.NodeProto]], weights: dict[str, onnx.TensorProto],
+               width: int) -> tuple[str, str, str] | None:
+    """(bias, the output the MatMul now writes, the Add it replaces or "") where the one reader of `output` adds a
+    constant [width] bias only it uses: an Add is bypassed, a BiasGelu becomes a Gelu."""
+    users = consumers.get(output, [])
+    if len(users) != 1:
+        return None
+    user = users[0]
+    if user.op_type == "Add" and user.domain in ("", "ai.onnx"):
+        bias = next((name for name in user.input if name != output), "")
+    elif user.op_type == "BiasGelu" and user.input[0] == output:
+        bias = user.input[1]
+    else:
+        return None
+    if bias not in weights or len(consumers.get(bias, [])) != 1 or tuple(weights[bias].dims) != (width,):
+        return None
+    if user.op_type == "BiasGelu":
+        user.op_type = "Gelu"
+        del user.input[1:]
+        return bias, output, ""
+    return bias, user.output[0], user.name
 
 
 def _fold_bias(output: str, addend: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],

@@ -57,6 +57,7 @@ class OptimizeOptions:
     thresholds: dict[str, float] | None = None
     keep_float_like: Path | None = None  # reuse another artifact's float-kept layer roles instead of searching
     activations: str | None = None  # INT8: "per_token" or "per_tensor" instead of the target's own
+    calibrated_scales: bool = True  # per-token INT8: False gives every input a scale per row, whatever the target
     pooling: str | None = None  # feature-extraction without a sentence-transformers Pooling config
     model_id: str | None = None  # the hub id clients see (default: found from the model's cache path or card)
     # Weights past this many bytes go to model.onnx.data beside the graph (None: 1 GiB, under protobuf's 2 GiB).
@@ -162,6 +163,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             config = preset.quantization
             if options.activations:
                 config = dataclasses.replace(config, activations=options.activations)
+            if not options.calibrated_scales:
+                config = dataclasses.replace(config, calibrated_roles=())
             int8 = quantize_int8(fused, final, config, options.task, evaluate, runner, work, log,
                                  options.threads, options.keep_float_like)
             quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model

@@ -9,6 +9,7 @@ from infinity.hostinfo import cpu_flags
 WEIGHT_TYPES = ("QInt8", "QUInt8")
 ACTIVATION_MODES = ("per_token", "per_tensor")
 PRECISIONS = ("int8", "fp32", "fp16")
+CALIBRATED_ROLES = ("normalized", "context")  # inputs whose rows a LayerNorm or an attention already bounds
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class QuantizationConfig:
     # per_token: on a build host with one of these flags (kernels that sum u8 x s8 in 32 bits), 8-bit weights are
     # tried first and kept when every node quantizes within parity; otherwise weight_bits and the parity search
     wide_weights_flags: tuple[str, ...] = ()
+    # per_token with 8-bit weights: inputs of these roles ("normalized": a LayerNorm's output, "context": an
+    # attention's) are tried first with one scale calibrated for all rows, which the MatMul applies in its kernel
+    calibrated_roles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
@@ -39,6 +43,8 @@ class QuantizationConfig:
             raise ValueError(f"activations must be one of {ACTIVATION_MODES}, not {self.activations!r}")
         if self.activations == "per_token" and (self.weight_type != "QInt8" or not self.per_channel):
             raise ValueError("per_token activations go with per-channel QInt8 weights")
+        if set(self.calibrated_roles) - set(CALIBRATED_ROLES):
+            raise ValueError(f"calibrated_roles must be among {CALIBRATED_ROLES}")
         if not 0 <= self.smoothing_alpha <= 1:
             raise ValueError("smoothing_alpha must be between 0 and 1")
 
@@ -52,7 +58,9 @@ class QuantizationConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        del data["wide_weights_flags"]  # a choice at build time: the record says the bits chosen and why
+        # choices at build time: the record says the bits and the calibrated roles chosen
+        del data["wide_weights_flags"]
+        data["calibrated_roles"] = []
         data["op_types"] = list(self.op_types)
         data["activation_type"] = "QUInt8"
         data["weight_bits"] = self.weight_bits
@@ -100,13 +108,13 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x s8 products into int16, which "
                    "8-bit weights can saturate")
 PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
-                                    activations="per_token",
+                                    activations="per_token", calibrated_roles=CALIBRATED_ROLES,
                                     weight_bits_why="8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits")
 PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token",
                                weight_bits_why=NO_VNNI_WEIGHTS)
 PER_TOKEN_ON_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True,
                                        activations="per_token", weight_bits_why=VNNI_WEIGHTS,
-                                       wide_weights_flags=VNNI_FLAGS)
+                                       wide_weights_flags=VNNI_FLAGS, calibrated_roles=CALIBRATED_ROLES)
 # onnxruntime's dynamic INT8 (one scale per padded batch), kept for comparison and for --recipe per-tensor.
 PER_TENSOR_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
                                      activations="per_tensor")
@@ -130,8 +138,9 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
     TargetPreset(
         "icelake",
         "AVX-512 VNNI: per-token INT8 (one scale per token: an answer never depends on its batch), SmoothQuant "
-        "alpha 0.5, per-channel weights at 8 bits when every node quantizes within parity on a VNNI build host, "
-        "else 7 with the parity search (see the weight bits' reason).",
+        "alpha 0.5, per-channel weights at 8 bits when every node quantizes within parity on a VNNI build host "
+        "(first with one calibrated scale for LayerNorm and attention outputs, which the INT8 MatMul applies in "
+        "its kernel), else 7 with the parity search (see the weight bits' reason).",
         _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
     TargetPreset(
         "cascadelake",

@@ -62,6 +62,8 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
         if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
             assert set(q.latency_ms_seq128) == {"fp32", "full_int8", "final"}
         assert q.calibration_inputs >= 10 and q.smoothing["smoothed_inputs"] > 0
+        # one calibrated scale (LayerNorm and attention outputs) comes only with 8-bit weights
+        assert not q.calibrated_roles or (q.weight_bits == 8 and q.smoothing["calibrated_inputs"] > 0)
     else:
         assert not QUANTIZED_OPS & set(ops)
         assert manifest.optimization.quantization is None and manifest.target.required_cpu_flags == []
@@ -77,7 +79,10 @@ def test_minilm_int8_embeddings_agree_with_sentence_transformers(minilm_int8_art
     manifest = Manifest.load(minilm_int8_artifact)
     assert manifest.parity.metrics["cosine_min"] >= 0.99
     # every MiniLM node quantizes within parity: a VNNI build host keeps 8-bit weights (exact on VPDPBUSD)
-    assert manifest.optimization.quantization.weight_bits == (8 if {"avx512_vnni", "avx_vnni"} & cpu_flags() else 7)
+    vnni = bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
+    assert manifest.optimization.quantization.weight_bits == (8 if vnni else 7)
+    # and with 8 bits, LayerNorm and attention outputs quantize within parity with one calibrated scale
+    assert manifest.optimization.quantization.calibrated_roles == (["normalized", "context"] if vnni else [])
     assert manifest.task.pooling == "mean" and manifest.task.normalize and manifest.tokenizer.max_length == 256
     # Independently of the optimizer's own check: the serving pipeline against the original library.
     model = LoadedModel.load(minilm_int8_artifact)
@@ -137,6 +142,22 @@ def test_cli_reports_stages_and_refuses_to_write_a_failing_artifact(artifacts, t
     manifest = Manifest.load(out)
     assert manifest.parity.passed is False and manifest.parity.overridden
     assert manifest.target.name == "avx2" and manifest.optimization.quantization.reduce_range is True
+
+
+def test_no_calibrated_scales_gives_every_input_a_scale_per_row(minilm_int8_artifact, tmp_path):
+    out = tmp_path / "every-row"
+    run = subprocess.run([sys.executable, "-m", "optimize", "optimize", "--target", "icelake", "--out", str(out),
+                          "--no-calibrated-scales", "--threads", "2", "--allow-failed-parity"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    q = Manifest.load(out).optimization.quantization
+    assert q.calibrated_roles == [] and q.smoothing["calibrated_inputs"] == 0
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    constants = {i.name for i in graph.initializer}
+    scales = [n.input[2] for n in graph.node if n.op_type == "MatMulIntegerToFloat"]
+    assert scales and not constants & set(scales)  # every A scale is computed per row at run time
+    default = Manifest.load(minilm_int8_artifact).optimization.quantization
+    assert default.smoothing["calibrated_inputs"] == (18 if default.calibrated_roles else 0)
 
 
 def test_unknown_threshold_metric_is_a_clear_error(tmp_path):

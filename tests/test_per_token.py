@@ -3,10 +3,11 @@ from collections import Counter
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.outliers import activation_ranges
-from optimize.per_token import per_token_candidates, quantize_per_token, quantize_weight
+from optimize.outliers import activation_bounds
+from optimize.per_token import calibrated_scale, per_token_candidates, quantize_per_token, quantize_weight
 from optimize.presets import QuantizationConfig
 from optimize.quantize import quantize
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
@@ -24,8 +25,8 @@ def test_rows_answer_alike_alone_and_batched_and_closer_than_per_tensor(graph, t
     path, calibration, held_out = graph
     nodes = per_token_candidates(path)
     assert set(nodes) == {"ffn/MatMul", "Attention_0", "out/MatMul"}
-    ranges = activation_ranges(path, nodes, calibration)
-    record = quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=7)
+    bounds = activation_bounds(path, nodes, calibration)
+    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=7)
     assert len(record.quantized) == 3 and record.smoothed_inputs == 3
     model = onnx.load(str(tmp_path / "pt.onnx"))
     ops = Counter(n.op_type + ("" if n.domain in ("", "ai.onnx") else f"@{n.domain}") for n in model.graph.node)
@@ -62,8 +63,8 @@ def prologue_ops(model: onnx.ModelProto) -> Counter:
 
 def test_each_quantized_input_costs_abs_reducemax_scale_and_one_quantizelinear(graph, tmp_path):  # noqa: F811
     path, calibration, _ = graph
-    ranges = activation_ranges(path, per_token_candidates(path), calibration)
-    quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=8)
+    bounds = activation_bounds(path, per_token_candidates(path), calibration)
+    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
     model = onnx.load(str(tmp_path / "pt.onnx"))
     # the attention mask is made once for every attention, apart from the prologues
     ops = Counter(n.op_type for n in model.graph.node if not n.name.startswith("per_token/attention_mask"))
@@ -79,8 +80,8 @@ def test_each_quantized_input_costs_abs_reducemax_scale_and_one_quantizelinear(g
 
 def test_a_row_of_zeros_gives_zeros_and_a_row_is_bit_identical_in_any_batch(graph, tmp_path):  # noqa: F811
     path, calibration, held_out = graph
-    ranges = activation_ranges(path, per_token_candidates(path), calibration)
-    quantize_per_token(path, tmp_path / "pt.onnx", ranges, weight_bits=8)
+    bounds = activation_bounds(path, per_token_candidates(path), calibration)
+    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
     zeros = {"x": np.zeros_like(held_out["x"][:1]), "attention_mask": held_out["attention_mask"][:1]}
     assert np.isfinite(run(tmp_path / "pt.onnx", zeros)).all()
     # every row alone, then in batches of every size: the same bits
@@ -90,6 +91,18 @@ def test_a_row_of_zeros_gives_zeros_and_a_row_is_bit_identical_in_any_batch(grap
         batched = run(tmp_path / "pt.onnx", {k: v[:size] for k, v in held_out.items()})
         for row in range(size):
             assert np.array_equal(batched[row], alone[row]), (size, row)
+
+
+def save_graph(path, nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray], hidden: int) -> None:
+    """x [b, s, hidden] and an int64 attention_mask in, y [b, s, hidden] out."""
+    body = helper.make_graph(
+        nodes, path.stem,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", hidden]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", hidden])],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()])
+    onnx.save(helper.make_model(body, opset_imports=[helper.make_opsetid("", 17),
+                                                 helper.make_opsetid("com.microsoft", 1)]), str(path))
 
 
 def test_attention_bias_goes_where_it_costs_least_and_the_answer_keeps_it(tmp_path):
@@ -106,16 +119,8 @@ def test_attention_bias_goes_where_it_costs_least_and_the_answer_keeps_it(tmp_pa
                               domain="com.microsoft", num_heads=heads),
              helper.make_node("MatMul", ["a", "out"], ["o"], name="out/MatMul"),
              helper.make_node("Add", ["o", "out_bias"], ["y"], name="out/Add")]
-    attention = helper.make_graph(
-        nodes, "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", hidden]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", hidden])],
-        [numpy_helper.from_array(qkv, "qkv"), numpy_helper.from_array(bias, "bias"),
-         numpy_helper.from_array(out, "out"), numpy_helper.from_array(out_bias, "out_bias")])
     path = tmp_path / "attention.onnx"
-    onnx.save(helper.make_model(attention, opset_imports=[helper.make_opsetid("", 17),
-                                                      helper.make_opsetid("com.microsoft", 1)]), str(path))
+    save_graph(path, nodes, {"qkv": qkv, "bias": bias, "out": out, "out_bias": out_bias}, hidden)
     quantize_per_token(path, tmp_path / "pt.onnx", None, weight_bits=8)
     model = onnx.load(str(tmp_path / "pt.onnx"))
     adds = [n for n in model.graph.node if n.op_type == "Add"]
@@ -145,3 +150,81 @@ def test_the_recipes_bench_sizes_a_gemm_floor_for_every_cell(graph, tmp_path):  
     floors = gemm_floor(tmp_path / "pt.onnx", calls=2)
     assert set(floors) == set(CELLS)
     assert all(np.isfinite(ms) and ms > 0 and rate > 0 for ms, rate in floors.values())
+
+
+def encoder_layer(path, rng: np.random.Generator, hidden: int = 32, heads: int = 4) -> None:
+    """LayerNorm -> Attention -> out projection + bias + residual -> LayerNorm -> FFN (BiasGelu) -> bias: every
+    input role once, with biases large enough that one added in the wrong place shows."""
+    def weight(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return rng.normal(0, scale, shape).astype(np.float32)
+
+    inits = {"gamma": 1 + weight(hidden), "beta": weight(hidden), "qkv": weight(hidden, 3 * hidden),
+             "qkv_bias": weight(3 * hidden, scale=1.0), "out": weight(hidden, hidden), "out_bias": weight(hidden),
+             "gamma2": 1 + weight(hidden), "beta2": weight(hidden), "ffn1": weight(hidden, 4 * hidden),
+             "ffn1_bias": weight(4 * hidden, scale=1.0), "ffn2": weight(4 * hidden, hidden),
+             "ffn2_bias": weight(hidden, scale=1.0)}
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="ln", axis=-1),
+             helper.make_node("Cast", ["attention_mask"], ["mask32"], name="mask/Cast", to=TensorProto.INT32),
+             helper.make_node("Attention", ["n", "qkv", "qkv_bias", "mask32"], ["a"], name="Attention_0",
+                              domain="com.microsoft", num_heads=heads),
+             helper.make_node("MatMul", ["a", "out"], ["o"], name="out/MatMul"),
+             helper.make_node("Add", ["o", "out_bias"], ["ob"], name="out/AddBias"),
+             helper.make_node("Add", ["ob", "n"], ["r"], name="residual"),
+             helper.make_node("LayerNormalization", ["r", "gamma2", "beta2"], ["n2"], name="ln2", axis=-1),
+             helper.make_node("MatMul", ["n2", "ffn1"], ["f"], name="ffn1/MatMul"),
+             helper.make_node("BiasGelu", ["f", "ffn1_bias"], ["g"], name="gelu", domain="com.microsoft"),
+             helper.make_node("MatMul", ["g", "ffn2"], ["f2"], name="ffn2/MatMul"),
+             helper.make_node("Add", ["f2", "ffn2_bias"], ["y"], name="ffn2/AddBias")]
+    save_graph(path, nodes, inits, hidden)
+
+
+def test_calibrated_inputs_scale_and_add_the_bias_in_the_kernel_and_rows_stay_batch_invariant(tmp_path):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "layer.onnx"
+    encoder_layer(path, rng)
+
+    def feeds(batch: int) -> dict[str, np.ndarray]:
+        mask = np.ones((batch, 9), np.int64)
+        mask[0, 5:] = 0
+        return {"x": rng.normal(0, 1, (batch, 9, 32)).astype(np.float32), "attention_mask": mask}
+
+    calibration = [feeds(4) for _ in range(4)]
+    bounds = activation_bounds(path, per_token_candidates(path), calibration)
+    every_row = quantize_per_token(path, tmp_path / "rows.onnx", bounds, weight_bits=8)
+    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8,
+                                calibrated_roles=frozenset({"normalized", "context"}))
+    assert every_row.calibrated == 0 and record.calibrated == 3  # the two LayerNorm outputs and the attention's
+    model = onnx.load(str(tmp_path / "pt.onnx"))
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    matmuls = {n.name: n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"}
+    for name, matmul in matmuls.items():
+        one_scale = name != "ffn2/MatMul/MatMulInteger"  # the GELU output keeps a scale per row
+        assert (matmul.input[2] in constants and constants[matmul.input[2]].shape == ()) == one_scale, name
+    # the biases of Q, the out projection and the FFN's first MatMul are added in their kernels
+    assert {n for n, m in matmuls.items() if len(m.input) > 6} == {
+        "Attention_0/MatMulInteger_q", "out/MatMul/MatMulInteger", "ffn1/MatMul/MatMulInteger"}
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["Gelu"] == 1 and "BiasGelu" not in ops
+    assert sorted(n.name for n in model.graph.node if n.op_type == "Add") == [
+        "ffn2/AddBias", "g/shifted/Add", "residual"]
+    # one QuantizeLinear per input; only the GELU output finds its rows' peaks (ReduceMax and the step Mul)
+    assert prologue_ops(model) == Counter({"QuantizeLinear": 4, "ReduceMax": 1, "Mul": 1})
+
+    held_out = feeds(5)
+    real = held_out["attention_mask"].astype(bool)
+    reference = run(path, held_out)
+    quantized, per_row = run(tmp_path / "pt.onnx", held_out), run(tmp_path / "rows.onnx", held_out)
+    scale = np.abs(reference[real]).mean()
+    assert np.abs(quantized - reference)[real].mean() < 0.03 * scale
+    assert np.abs(quantized - per_row)[real].mean() < 0.03 * scale
+    for row in range(5):
+        length = int(real[row].sum())
+        alone = run(tmp_path / "pt.onnx", {k: v[row:row + 1, :length] for k, v in held_out.items()})
+        assert np.array_equal(alone[0], quantized[row, :length]), row
+
+
+def test_a_calibrated_scale_spreads_min_to_max_over_256_codes_and_holds_zero():
+    scale, zero = calibrated_scale((np.array([-1.0, -3.0]), np.array([2.0, 7.1])), None)
+    assert scale == pytest.approx(10.1 / 255) and zero == round(3.0 / scale)
+    scale, zero = calibrated_scale((np.array([0.5, 1.0]), np.array([2.0, 4.0])), np.array([1.0, 0.25]))
+    assert scale == pytest.approx(2.0 / 255) and zero == 0  # smoothed: max 2.0 and 1.0; widened down to 0
