@@ -194,7 +194,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                     name=f"{tensor}/q/QuantizeLinear"))
                 record.calibrated += 1
             else:
-                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
+                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks and zero else None
                 new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph,
                                            activation_bits, one_sided))
             prologue_done.add(tensor)
@@ -251,10 +251,13 @@ def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, ze
     and zero = 0. Three passes over x (Abs, ReduceMax, QuantizeLinear), where DynamicQuantizeLinear makes two.
     An all-zero row needs no guard: its scale 0 makes codes QuantizeLinear saturates, and the MatMul multiplies
     their integer products by that 0.
-    `zero_point`: the shared zero-point tensor of x's rank, or None to shape one from this row scale."""
+    `zero_point`: the shared zero-point tensor of x's rank, or None to shape one from this row scale; none at all
+    for zero 0 (QuantizeLinear's default, u8)."""
     p = quantized
     shaped = []
-    if zero_point is None:
+    if zero == 0:
+        zero_point = ""
+    elif zero_point is None:
         zero_point = f"{p}/zero_point"
         shaped = [helper.make_node("Shape", [row_scale], [f"{p}/scale_shape"], name=f"{p}/Shape"),
                   helper.make_node("Expand", [_const(graph, f"{p}/zero", np.array(zero, np.uint8)),
@@ -269,8 +272,8 @@ def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, ze
                          name=f"{p}/ReduceMax", keepdims=1),
         helper.make_node("Mul", [f"{p}/peak", f"{p}/step"], [row_scale], name=f"{p}/RowScale"),
         *shaped,
-        helper.make_node("QuantizeLinear", [x, row_scale, zero_point], [quantized], name=f"{p}/QuantizeLinear",
-                         axis=-1, block_size=width),
+        helper.make_node("QuantizeLinear", [x, row_scale, *([zero_point] if zero_point else [])], [quantized],
+                         name=f"{p}/QuantizeLinear", axis=-1, block_size=width),
     ]
 
 

@@ -209,6 +209,8 @@ def test_calibrated_inputs_scale_and_add_the_bias_in_the_kernel_and_rows_stay_ba
         "ffn2/AddBias", "g/shifted/Add", "residual"]
     # one QuantizeLinear per input; only the GELU output finds its rows' peaks (ReduceMax and the step Mul)
     assert prologue_ops(model) == Counter({"QuantizeLinear": 4, "ReduceMax": 1, "Mul": 1})
+    # the GELU output's codes start at 0, QuantizeLinear's default zero point: none is shaped for it
+    assert [len(n.input) for n in model.graph.node if n.name == "g/q/QuantizeLinear"] == [2]
 
     held_out = feeds(5)
     real = held_out["attention_mask"].astype(bool)
