@@ -5,7 +5,8 @@
 
 Speed: every variant in this one process; for each cell the variants take turns call by call, so drift and other
 processes on the cores land on all of them alike; each cell is the median (and the minimum) of those calls, 2
-threads, no spinning. The ratio column divides by onnxruntime's plain `quantize_dynamic` of the same fused graph.
+threads, workers busy-waiting as the server's do (`--spin-wait-us`, default the server's; 0: no spinning, written to
+recipes-no-spin.md). The ratio column divides by onnxruntime's plain `quantize_dynamic` of the same fused graph.
 Parity: the optimizer's own served check (each held-out input alone and inside mixed-length batches up to the
 server's limits, the worse of the two).
 """
@@ -23,6 +24,7 @@ import numpy as np
 from bench.run import RESULTS, WORK
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
+from infinity.settings import SPIN_WAIT_US
 from optimize.heldout import heldout_inputs
 from optimize.parity import THRESHOLDS
 from optimize.speed import cpu_session, host_cpu_name
@@ -105,9 +107,9 @@ def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[s
 Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
-def ort_runner(path: Path, threads: int = 2) -> Runner:
-    """One graph on onnxruntime's CPU provider, fed only the inputs it takes."""
-    session = cpu_session(path, threads=threads, spin_wait=False)
+def ort_runner(path: Path, threads: int = 2, spin_wait_us: int = SPIN_WAIT_US) -> Runner:
+    """One graph on onnxruntime's CPU provider, fed only the inputs it takes; spin_wait_us 0: no spinning."""
+    session = cpu_session(path, threads=threads, spin_wait=spin_wait_us > 0, spin_wait_us=spin_wait_us)
     names = {i.name for i in session.get_inputs()}
     return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
 
@@ -133,13 +135,15 @@ def timed_cells(runners: dict[str, Runner], calls: Callable[[int, int], int]) ->
     return cells
 
 
-def speed_rows(variants: dict[str, Path], scale: float = 1.0) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
-    """(median, min) ms per variant and cell, 2 threads, no spinning."""
-    return timed_cells({name: ort_runner(path) for name, path in variants.items()},
+def speed_rows(variants: dict[str, Path], scale: float = 1.0,
+               spin_wait_us: int = SPIN_WAIT_US) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
+    """(median, min) ms per variant and cell, 2 threads."""
+    return timed_cells({name: ort_runner(path, spin_wait_us=spin_wait_us) for name, path in variants.items()},
                        lambda batch, sequence: max(3, int(scale * min(60, CALLS // (batch * sequence * 20) + 3))))
 
 
-def gemm_floor(model: Path, calls: int = 20) -> dict[tuple[int, int], tuple[float, float]]:
+def gemm_floor(model: Path, calls: int = 20,
+               spin_wait_us: int = SPIN_WAIT_US) -> dict[tuple[int, int], tuple[float, float]]:
     """Per cell: (ms a GEMM-bound run would take, GOP/s) for the INT8 graph's weight GEMMs, at the rate onnxruntime's
     own u8 x s8 kernel reaches on this host for the graph's widest weight, with the cell's rows and one A scale (the
     kernel alone: a scale per row costs a pass over the output after it)."""
@@ -164,7 +168,10 @@ def gemm_floor(model: Path, calls: int = 20) -> dict[tuple[int, int], tuple[floa
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if spin_wait_us:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
+    else:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     per_row = 2 * sum(k * n for k, n in shapes)  # ops of every weight GEMM, per token
     floors = {}
@@ -182,10 +189,13 @@ def gemm_floor(model: Path, calls: int = 20) -> dict[tuple[int, int], tuple[floa
     return floors
 
 
-def table(variants: dict[str, Path], speed: dict, parity: dict | None) -> list[str]:
+def table(variants: dict[str, Path], speed: dict, parity: dict | None, spin_wait_us: int = SPIN_WAIT_US) -> list[str]:
     flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
     lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}; INT8-relevant CPU flags: {flags})", "",
-             "In-process ms, 2 threads: median of calls taken in turns (min in brackets), x = this / "
+             "In-process ms, 2 threads, "
+             + (f"idle workers spinning {spin_wait_us} us" if spin_wait_us else "no spinning")
+             + (" (as the server does by default)" if spin_wait_us == SPIN_WAIT_US else "")
+             + ": median of calls taken in turns (min in brackets), x = this / "
              "quantize_dynamic (median ratio)"
              + ("; parity as served on the held-out texts: cosine_min alone / batched (mean); invariance: "
                 "max |alone - batched|." if parity else "."),
@@ -213,16 +223,18 @@ def main(argv: list[str] | None = None) -> None:
                              "commit's recipe built")
     parser.add_argument("--calls", type=float, default=1.0, help="scale the number of calls per cell")
     parser.add_argument("--no-parity", action="store_true", help="speed only (parity takes minutes)")
+    parser.add_argument("--spin-wait-us", type=int, default=SPIN_WAIT_US,
+                        help="how long onnxruntime's idle workers busy-wait, as the server's option (0: no spinning)")
     args = parser.parse_args(argv)
     served_dir, variants = build_variants(WORK / "recipes")
     for item in args.extra:
         name, _, path = item.partition("=")
         variants[name] = Path(path)
     parity = None if args.no_parity else parity_rows(served_dir, variants)
-    speed = speed_rows(variants, args.calls)
-    lines = table(variants, speed, parity)
+    speed = speed_rows(variants, args.calls, args.spin_wait_us)
+    lines = table(variants, speed, parity, args.spin_wait_us)
     artifact = next(name for name in variants if name.startswith(DEFAULT))
-    floors = gemm_floor(variants[artifact])
+    floors = gemm_floor(variants[artifact], spin_wait_us=args.spin_wait_us)
     lines += ["", "GEMM-bound floor of the artifact: its weight GEMMs at the u8 x s8 rate onnxruntime's "
               "MatMulIntegerToFloat reaches on this host for the graph's widest weight (same rows, measured in this "
               "run); share = floor / the artifact's median.", "",
@@ -232,7 +244,9 @@ def main(argv: list[str] | None = None) -> None:
               "| share of the floor | " + " | ".join(f"{floors[c][0] / speed[artifact][c][0]:.0%}"
                                                     for c in CELLS) + " |"]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "recipes.md").write_text("\n".join(lines) + "\n")
+    name = "recipes.md" if args.spin_wait_us == SPIN_WAIT_US else (
+        "recipes-no-spin.md" if not args.spin_wait_us else f"recipes-spin{args.spin_wait_us}us.md")
+    (RESULTS / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

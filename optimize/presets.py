@@ -197,10 +197,11 @@ _MEASURED_AVX2 = ("all-MiniLM-L6-v2 on a 2-core AMD EPYC (AVX2), in-process ms a
 MEASURED: dict[str, str] = {
     "avx2": _MEASURED_AVX2,
     "skylake": "as avx2 (same kernels); not measured on a Skylake host",
-    "icelake": ("all-MiniLM-L6-v2 on a 2-vCPU AMD EPYC (Zen 4, AVX-512 VNNI), in-process ms at b1 seq 8/64/256, "
-                "b8 x 64, b32 x 128: 1.43/5.14/19.5/70.0/987 against onnxruntime quantize_dynamic of the same graph "
-                "1.12/4.44/17.9/39.0/926 on shared cores (min ms 1.20/4.86/18.1/32.6/789 vs 0.96/4.23/13.4/29.1/754); "
-                "held-out cosine_min 0.9935 alone and batched (quantize_dynamic: 0.9765 / 0.9578), 0 difference "
-                "alone vs batched; 8-bit weights: 0.9962 at the same speed"),
+    "icelake": ("all-MiniLM-L6-v2 on a 2-vCPU AMD EPYC (Zen 4, AVX-512 VNNI), in-process ms (2 threads, workers "
+                "spinning 50 us as the server's) at b1 seq 8/64/256, b8 x 64, b32 x 128: 0.82/2.07/7.63/11.3/121 "
+                "against onnxruntime quantize_dynamic of the same graph 0.71/1.95/7.41/11.7/125 and optimum's "
+                "avx512_vnni export 0.90/2.25/7.91/11.4/123; held-out cosine_min 0.9945 alone and batched "
+                "(quantize_dynamic: 0.9765 / 0.9533), 0 difference alone vs batched; --no-calibrated-scales: 0.9961 "
+                "at 1.11-1.19x the time"),
     "cascadelake": "as icelake (same recipe); not measured on a Cascade Lake host",
 }

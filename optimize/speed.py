@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 
-def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True) -> Any:
+def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True, spin_wait_us: int | None = None) -> Any:
+    """`spin_wait_us`: how long idle workers busy-wait, as the server's --spin-wait-us (None: onnxruntime's own)."""
     import onnxruntime as ort
 
     from infinity.engine import DISABLED_OPTIMIZERS
@@ -19,6 +20,8 @@ def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True) -> A
         options.intra_op_num_threads = threads
     if not spin_wait:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif spin_wait_us is not None:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"],
                                 disabled_optimizers=DISABLED_OPTIMIZERS)
 
