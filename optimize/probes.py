@@ -59,9 +59,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
 )
 
 
-# Calibration texts choose which channels stay float, how inputs are smoothed and the per-token recipe's calibrated
-# scales (whose range they set: more and more varied texts clip fewer unseen extremes); they are kept apart from the
-# probes that judge parity and from the held-out set.
+# Calibration texts choose which channels stay float; they are kept apart from the probes that judge parity.
 CALIBRATION_SINGLES: tuple[str, ...] = (
     "b",
     "Thanks!",
@@ -83,38 +81,6 @@ CALIBRATION_SINGLES: tuple[str, ...] = (
     "A detailed account. " + " ".join(
         "The train was delayed twice, yet the conductor kept everyone informed and calm throughout."
         for _ in range(10)),
-    "no",
-    "1999",
-    "Why is the sky blue during the day but red at sunset?",
-    "The new firmware update bricked my router, so I rolled back to version 2.1.7.",
-    "Five stars: the hotel staff upgraded our room and left chocolates for the kids.",
-    "Patients with type 2 diabetes should monitor HbA1c levels every three months.",
-    "Revenue for Q3 was EUR 4.8 billion, up 6.1% year over year, with margins at 18.4%.",
-    "SELECT id FROM orders WHERE status = 'open' ORDER BY created_at DESC LIMIT 10;",
-    "const total = items.reduce((sum, item) => sum + item.price * item.qty, 0);",
-    "El equipo ganó el campeonato después de una temporada muy difícil.",
-    "Il treno per Firenze parte dal binario sette alle otto e un quarto.",
-    "O restaurante fica aberto até meia-noite às sextas e aos sábados.",
-    "Москва — крупнейший город России и её столица.",
-    "今日は雨が降っているので、家で本を読みます。",
-    "서울은 대한민국의 수도이며 인구가 많은 도시입니다.",
-    "القاهرة هي عاصمة مصر وأكبر مدنها.",
-    "दिल्ली भारत की राजधानी है और एक बड़ा शहर है।",
-    "lol that meme is 💀💀 sending it to the group chat rn",
-    "WARNING: HIGH VOLTAGE. AUTHORIZED PERSONNEL ONLY.",
-    "The tenant shall give the landlord sixty (60) days' written notice prior to termination.",
-    "Preheat the oven to 220°C, then roast the vegetables for 25-30 minutes until golden.",
-    "The striker scored twice in stoppage time to send the club into the quarter-finals.",
-    "Kubernetes schedules pods onto nodes based on resource requests and affinity rules.",
-    "The Treaty of Westphalia in 1648 ended the Thirty Years' War in Europe.",
-    "Black holes bend light so strongly that nothing, not even photons, can escape them.",
-    "ssh -i ~/.ssh/id_ed25519 deploy@10.0.3.17 'sudo systemctl restart nginx'",
-    "{\"user\": \"ana\", \"roles\": [\"admin\", \"editor\"], \"active\": true}",
-    "#hashtag @mention $TSLA 100% ~approx ^caret &amp; | pipe \\ backslash",
-    " ".join(f"item{i}" for i in range(90)),
-    "Meeting notes. " + " ".join(
-        "We agreed to ship the beta next week, pending the security review and final load tests."
-        for _ in range(14)),
 )
 
 CALIBRATION_PAIRS: tuple[tuple[str, str], ...] = (
