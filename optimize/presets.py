@@ -198,10 +198,10 @@ MEASURED: dict[str, str] = {
     "avx2": _MEASURED_AVX2,
     "skylake": "as avx2 (same kernels); not measured on a Skylake host",
     "icelake": ("all-MiniLM-L6-v2 on a 2-vCPU AMD EPYC (Zen 4, AVX-512 VNNI), in-process ms (2 threads, workers "
-                "spinning 50 us as the server's) at b1 seq 8/64/256, b8 x 64, b32 x 128: 0.82/2.07/7.63/11.3/121 "
-                "against onnxruntime quantize_dynamic of the same graph 0.71/1.95/7.41/11.7/125 and optimum's "
-                "avx512_vnni export 0.90/2.25/7.91/11.4/123; held-out cosine_min 0.9945 alone and batched "
+                "spinning 50 us as the server's) at b1 seq 8/64/256, b8 x 64, b32 x 128: 0.76/2.04/7.35/11.1/118 "
+                "against onnxruntime quantize_dynamic of the same graph 0.64/1.90/7.18/11.3/123 and optimum's "
+                "avx512_vnni export 0.85/2.16/7.60/11.1/119; held-out cosine_min 0.9944 alone and batched "
                 "(quantize_dynamic: 0.9765 / 0.9533), 0 difference alone vs batched; --no-calibrated-scales: 0.9961 "
-                "at 1.11-1.19x the time"),
+                "at 1.10-1.16x the time"),
     "cascadelake": "as icelake (same recipe); not measured on a Cascade Lake host",
 }
