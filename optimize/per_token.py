@@ -147,8 +147,8 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                 inverse_scales[tensor] = 1 / scale
     # A GELU output is bounded below: shifted to be non-negative, it is quantized one-sided over all 255 codes
     # (twice the resolution of symmetric codes); the shift's constant product is taken out of the output bias.
-    shifted = {tensor for tensor in by_input if getattr(producers.get(tensor), "op_type", "") in GELU_OPS}
-    calibrated = {}  # input -> (scale, zero point)
+    shifted = {tensor for tensor in by_input if input_role(tensor, producers.get(tensor)) == "gelu"}
+    calibrated: dict[str, tuple[float, int]] = {}  # input -> (scale, zero point)
     for tensor, nodes in by_input.items():
         if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
                 n.name in bounds for n in nodes):
