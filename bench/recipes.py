@@ -148,7 +148,6 @@ def gemm_floor(model: Path, calls: int = 20,
     own u8 x s8 kernel reaches on this host for the graph's widest weight, with the cell's rows and one A scale (the
     kernel alone: a scale per row costs a pass over the output after it)."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     graph = onnx.load(str(model)).graph
@@ -166,13 +165,7 @@ def gemm_floor(model: Path, calls: int = 20,
                          helper.make_tensor_value_info("a_scale", TensorProto.FLOAT, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
         opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    if spin_wait_us:
-        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
-    else:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = cpu_session(probe.SerializeToString(), threads=2, spin_wait=spin_wait_us > 0, spin_wait_us=spin_wait_us)
     per_row = 2 * sum(k * n for k, n in shapes)  # ops of every weight GEMM, per token
     floors = {}
     for batch, sequence in CELLS:

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 
-def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True, spin_wait_us: int | None = None) -> Any:
-    """`spin_wait_us`: how long idle workers busy-wait, as the server's --spin-wait-us (None: onnxruntime's own)."""
+def cpu_session(model: Path | bytes, threads: int = 0, spin_wait: bool = True, spin_wait_us: int | None = None) -> Any:
+    """A graph (a file, or serialized) loaded as the server loads it; `spin_wait_us`: how long idle workers
+    busy-wait, as the server's --spin-wait-us (None: onnxruntime's own)."""
     import onnxruntime as ort
 
     from infinity.engine import DISABLED_OPTIMIZERS
@@ -22,8 +23,8 @@ def cpu_session(model_path: Path, threads: int = 0, spin_wait: bool = True, spin
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     elif spin_wait_us is not None:
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
-    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=DISABLED_OPTIMIZERS)
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
 def median_ms(session: Any, sequence: int = 128, batch: int = 1, runs: int = 15) -> float:
