@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.recipes import CELLS, TASK, Runner, minilm, ort_runner, timed_cells
-from bench.run import RESULTS, WORK
+from bench.run import WORK, publish
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import l2_normalize, pool
@@ -115,9 +115,7 @@ def main() -> None:
         cells = " | ".join(f"{timed[name][c][0]:.2f} ({timed[name][c][1]:.2f})" for c in CELLS)
         alone, batched, moves = checked[name]
         lines.append(f"| {name} | {cells} | {alone:.4f} / {batched:.4f} | {moves:.2g} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "engines.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    publish("engines.md", lines)
 
 
 if __name__ == "__main__":

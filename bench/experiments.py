@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from bench.model import build_distilbert_base
-from bench.run import RESULTS, WORK, prepare
+from bench.run import WORK, prepare, publish
 from optimize.speed import cpu_session, median_ms
 
 SEQS = (8, 128)
@@ -107,9 +107,7 @@ def main() -> None:
     for name, spin, ms, size in rows:
         cells = " | ".join(f"{v:.2f} (x{base[s] / v:.2f})" for s, v in zip(SEQS, ms))
         lines.append(f"| {name} | {'on' if spin else 'off'} | {cells} | {size:.0f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "experiments.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    publish("experiments.md", lines)
 
 
 if __name__ == "__main__":

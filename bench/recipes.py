@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.run import RESULTS, WORK
+from bench.run import WORK, publish
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
@@ -236,11 +236,8 @@ def main(argv: list[str] | None = None) -> None:
               "| floor ms | " + " | ".join(f"{floors[c][0]:.2f}" for c in CELLS) + " |",
               "| share of the floor | " + " | ".join(f"{floors[c][0] / speed[artifact][c][0]:.0%}"
                                                     for c in CELLS) + " |"]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "recipes.md" if args.spin_wait_us == SPIN_WAIT_US else (
-        "recipes-no-spin.md" if not args.spin_wait_us else f"recipes-spin{args.spin_wait_us}us.md")
-    (RESULTS / name).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    publish("recipes.md" if args.spin_wait_us == SPIN_WAIT_US else (
+        "recipes-no-spin.md" if not args.spin_wait_us else f"recipes-spin{args.spin_wait_us}us.md"), lines)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,13 @@ WORK = Path("bench/work")
 RESULTS = Path("bench/results")
 
 
+def publish(name: str, lines: list[str]) -> None:
+    """A markdown result: written to bench/results/<name> and printed."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / name).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
