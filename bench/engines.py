@@ -20,7 +20,7 @@ import numpy as np
 
 from bench.recipes import CELLS, TASK, Runner, minilm, ort_runner, timed_cells
 from bench.run import WORK, publish
-from infinity.hostinfo import cpu_flags
+from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import l2_normalize, pool
 from infinity.tokenization import TextTokenizer, pad_batch
@@ -91,7 +91,6 @@ def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) ->
 def main() -> None:
     from optimize.export import export_onnx
     from optimize.source import load_source
-    from optimize.speed import host_cpu_name
 
     recipes = WORK / "recipes"
     served = recipes / "fp32"
@@ -106,7 +105,7 @@ def main() -> None:
     checked = parity(engines, tokenizer, manifest.tokenizer.pad_id)
     timed = timed_cells(engines, lambda batch, sequence: max(5, min(60, 40_000 // (batch * sequence))))
     flags = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx", "avx_vnni"))))
-    lines = [f"# Engines on all-MiniLM-L6-v2 ({host_cpu_name()}; {flags or 'no AVX-512 or AMX flags'})", "",
+    lines = [f"# Engines on all-MiniLM-L6-v2 ({cpu_name()}; {flags or 'no AVX-512 or AMX flags'})", "",
              f"In-process, {THREADS} threads, median (min) ms, engines in turns; held-out cosine_min alone / batched "
              "against sentence-transformers; moves: largest |alone - batched|.", "",
              "| engine | " + " | ".join(f"b{b} s{s}" for b, s in CELLS) + " | cosine_min alone / batched | moves |",

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from bench.run import WORK, publish
-from infinity.hostinfo import cpu_flags
+from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
 from optimize.heldout import heldout_inputs
 from optimize.parity import THRESHOLDS
-from optimize.speed import cpu_session, host_cpu_name
+from optimize.speed import cpu_session
 
 TASK = "feature-extraction"
 CELLS = ((1, 8), (1, 64), (1, 256), (8, 64), (32, 128))
@@ -184,7 +184,7 @@ def gemm_floor(model: Path, calls: int = 20,
 
 def table(variants: dict[str, Path], speed: dict, parity: dict | None, spin_wait_us: int = SPIN_WAIT_US) -> list[str]:
     flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
-    lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({host_cpu_name()}; INT8-relevant CPU flags: {flags})", "",
+    lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({cpu_name()}; INT8-relevant CPU flags: {flags})", "",
              "In-process ms, 2 threads, "
              + (f"idle workers spinning {spin_wait_us} us" if spin_wait_us else "no spinning")
              + (" (as the server does by default)" if spin_wait_us == SPIN_WAIT_US else "")

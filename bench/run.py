@@ -14,7 +14,6 @@ import asyncio
 import csv
 import hashlib
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from bench.overhead import compare
 from bench.process import Server, free_port
 from bench.short import HEADER, servers, short_requests, table
 from bench.texts import text_with_tokens
-from infinity.hostinfo import cpu_flags
+from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Quantization
 from infinity.model import LoadedModel
 
@@ -46,17 +45,6 @@ def publish(name: str, lines: list[str]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def run_step(command: list[str]) -> None:
@@ -309,7 +297,7 @@ def main() -> int:
         manifest = local.manifest
         data = {
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "mode": "quick" if args.quick else "full",
-            "environment": {"cpu": cpu_model(), "cores": args.cores,
+            "environment": {"cpu": cpu_name(), "cores": args.cores,
                             "isa": ", ".join(sorted(f for f in cpu_flags()
                                                     if f.startswith(("avx512_vnni", "amx", "avx2")))),
                             "onnxruntime": onnxruntime.__version__, "target": manifest.target.name,

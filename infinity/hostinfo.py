@@ -17,6 +17,27 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The first CPU's model name with its family and model numbers, e.g. "AMD EPYC (family 26, model 2)": a VM
+    often shows only "AMD EPYC", and the numbers tell its generations apart."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or os.uname().machine
+    numbers = [f"{label} {fields[key]}" for label, key in (("family", "cpu family"), ("model", "model"))
+               if fields.get(key)]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
+
+
 def physical_cores() -> int:
     """Physical cores usable by this process (cgroup quota and affinity respected)."""
     try:

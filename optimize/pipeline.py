@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infinity.hostinfo import cpu_flags
+from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import (
     Manifest,
     Optimization,
@@ -34,7 +34,7 @@ from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.reference import OnnxRunner, probe_inputs, torch_reference
 from optimize.served import ServedParity, load_candidate, served_parity
 from optimize.source import SourceModel, load_source
-from optimize.speed import host_cpu_name, latency_table, median_latency_ms
+from optimize.speed import latency_table, median_latency_ms
 
 Log = Callable[[str], None]
 
@@ -182,7 +182,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             quantization["why"] = preset.why
             quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads,
                                                        max_length=source.max_length)
-            quantization["latency_host"] = host_cpu_name()
+            quantization["latency_host"] = cpu_name()
             tables = quantize_embedding_tables(final, final)
             if tables:
                 quantization["embedding_tables_int8"] = tables

@@ -62,14 +62,3 @@ def latency_table(model_paths: dict[str, Path], threads: int = 0, rounds: int = 
                 samples[name][shape].append(median_ms(session, sequence, batch, runs=5 if batch * sequence > 64 else 9))
     return {name: {shape: round(statistics.median(v), 2) for shape, v in shapes.items()}
             for name, shapes in samples.items()}
-
-
-def host_cpu_name() -> str:
-    """The CPU model, for naming the host beside a timing."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from infinity.hostinfo import cpu_flags
+from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest, sha256_file, verify_checksums
 from infinity.model import LoadedModel
 
@@ -62,6 +62,7 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
         if manifest.optimization.kept_float:  # what keeping nodes in float costs is recorded with it
             assert set(q.latency_ms_seq128) == {"fp32", "full_int8", "final"}
         assert q.calibration_inputs >= 10 and q.smoothing["smoothed_inputs"] > 0
+        assert q.latency_host == cpu_name() and q.latency_ms  # the timings name the CPU they ran on
         # one calibrated scale (LayerNorm and attention outputs) comes only with 8-bit weights
         assert not q.calibrated_roles or (q.weight_bits == 8 and q.smoothing["calibrated_inputs"] > 0)
     else:

@@ -1,5 +1,6 @@
 import pytest
 
+from infinity.hostinfo import cpu_name
 from optimize.presets import (
     PER_TOKEN_VNNI,
     PRESETS,
@@ -22,6 +23,14 @@ def test_auto_picks_the_best_cpu_preset_for_the_flags(flags, expected):
 def test_auto_refuses_a_cpu_without_avx2():
     with pytest.raises(ValueError, match="no AVX2"):
         resolve_target("auto", frozenset({"sse4_2"}))
+
+
+def test_a_host_is_named_with_its_cpu_family_and_model():
+    # what a VM shows: the generic name alone cannot tell Zen 4 (family 25) from Zen 5 (family 26)
+    first = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+    second = first.replace("26", "25").replace("\t: 2\n", "\t: 17\n")
+    assert cpu_name(first + "\n" + second) == "AMD EPYC (family 26, model 2)"
+    assert cpu_name("model name\t: Intel(R) Xeon(R) Platinum 8480+\n") == "Intel(R) Xeon(R) Platinum 8480+"
 
 
 def test_unknown_target_names_the_choices():
