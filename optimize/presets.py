@@ -202,6 +202,7 @@ MEASURED: dict[str, str] = {
                 "against onnxruntime quantize_dynamic of the same graph 0.64/1.90/7.18/11.3/123 and optimum's "
                 "avx512_vnni export 0.85/2.16/7.60/11.1/119; held-out cosine_min 0.9944 alone and batched "
                 "(quantize_dynamic: 0.9765 / 0.9533), 0 difference alone vs batched; --no-calibrated-scales: 0.9961 "
-                "at 1.10-1.16x the time"),
+                "at 1.10-1.16x the time; on Zen 5 (family 26) 0.75/1.98/7.35/11.2/118 against 0.62/1.85/7.05/11.3/123 "
+                "and 0.77/2.11/7.44/11.2/121"),
     "cascadelake": "as icelake (same recipe); not measured on a Cascade Lake host",
 }
