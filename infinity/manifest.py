@@ -94,7 +94,8 @@ class Quantization:
         smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs,
             inputs with a calibrated scale.
         outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
-        latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time.
+        latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time with idle
+            workers spinning as the server's do by default.
         embedding_tables_int8: word-embedding tables of 64 MiB or more stored as INT8 rows with a scale per row.
     """
     mode: str

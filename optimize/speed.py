@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from infinity.settings import SPIN_WAIT_US
+
 
 def cpu_session(model: Path | bytes, threads: int = 0, spin_wait: bool = True, spin_wait_us: int | None = None) -> Any:
     """A graph (a file, or serialized) loaded as the server loads it; `spin_wait_us`: how long idle workers
@@ -43,7 +45,7 @@ def median_ms(session: Any, sequence: int = 128, batch: int = 1, runs: int = 15)
 
 
 def median_latency_ms(model_path: Path, sequence: int = 128, threads: int = 0) -> float:
-    return median_ms(cpu_session(model_path, threads), sequence)
+    return median_ms(cpu_session(model_path, threads, spin_wait_us=SPIN_WAIT_US), sequence)
 
 
 SHAPES = {"b1_seq8": (1, 8), "b1_seq64": (1, 64), "b1_seq256": (1, 256), "b8_seq64": (8, 64)}
@@ -52,9 +54,9 @@ SHAPES = {"b1_seq8": (1, 8), "b1_seq64": (1, 64), "b1_seq256": (1, 256), "b8_seq
 def latency_table(model_paths: dict[str, Path], threads: int = 0, rounds: int = 3,
                   max_length: int | None = None) -> dict[str, dict[str, float]]:
     """Median ms per shape (those within the model's `max_length`) for each model, the models taking turns so
-    drift lands on all of them."""
+    drift lands on all of them; idle workers spin as long as the server's do by default."""
     shapes = {name: shape for name, shape in SHAPES.items() if max_length is None or shape[1] <= max_length}
-    sessions = {name: cpu_session(path, threads, spin_wait=False) for name, path in model_paths.items()}
+    sessions = {name: cpu_session(path, threads, spin_wait_us=SPIN_WAIT_US) for name, path in model_paths.items()}
     samples: dict[str, dict[str, list[float]]] = {name: {shape: [] for shape in shapes} for name in sessions}
     for _ in range(rounds):
         for name, session in sessions.items():
