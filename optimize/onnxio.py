@@ -5,12 +5,15 @@ must keep its weights beside the graph ("external data"); onnxruntime finds them
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 
 # Well below protobuf's 2 GiB: the graph, names and attributes add to the weights.
 EXTERNAL_DATA_BYTES = 1 << 30
+INLINE_BYTES = 1024  # constants this small stay in the graph: shape inference reads shapes and split sizes there
+_DETACHED = "detached"  # the location of an initializer whose bytes are held aside, never a file
 
 
 def data_file(path: Path) -> Path:
@@ -29,7 +32,7 @@ def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | No
     data_file(path).unlink(missing_ok=True)  # onnx appends to an existing data file
     if weight_bytes(model) > limit:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_file(path).name, size_threshold=1024)  # small constants stay inline:
+                        location=data_file(path).name, size_threshold=INLINE_BYTES)  # small constants stay inline:
         # onnxruntime's shape inference reads shapes and split sizes from the graph itself
         data_file(path).chmod(0o644)  # onnx writes it owner-only; the server may run as another user
     else:
@@ -62,3 +65,36 @@ def session_source(model: onnx.ModelProto, scratch: Path) -> bytes | str:
     path = Path(scratch) / "session.onnx"
     save_model(model, path)
     return str(path)
+
+
+def needs_external_data(nbytes: int) -> bool:
+    return nbytes > EXTERNAL_DATA_BYTES
+
+
+def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto], onnx.ModelProto]) -> onnx.ModelProto:
+    """`transform(model)` with the weights held aside: routines that serialize the whole model (onnx's version
+    converter, shape inference) then see the graph alone, which stays far under protobuf's 2 GiB whatever the
+    weights weigh. Every initializer over INLINE_BYTES is marked as external data while it runs, and gets its
+    bytes back after, in `model` and in what `transform` returns."""
+    detached: dict[str, bytes] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) > INLINE_BYTES:
+            detached[tensor.name] = tensor.raw_data
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            entry = tensor.external_data.add()
+            entry.key, entry.value = "location", _DETACHED
+    try:
+        result = transform(model)
+    finally:
+        _attach(model, detached)
+    _attach(result, detached)
+    return result
+
+
+def _attach(model: onnx.ModelProto, detached: dict[str, bytes]) -> None:
+    for tensor in model.graph.initializer:
+        if tensor.name in detached and [(e.key, e.value) for e in tensor.external_data] == [("location", _DETACHED)]:
+            tensor.ClearField("external_data")
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = detached[tensor.name]

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
-from optimize.onnxio import save_model
+from optimize.onnxio import on_graph_only, save_model
 from optimize.outliers import Bounds, peaks
 
 MS = "com.microsoft"
@@ -308,7 +308,7 @@ def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        inferred = on_graph_only(model, lambda graph: SymbolicShapeInference.infer_shapes(graph, auto_merge=True))
     except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
         return {}
     return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
@@ -318,11 +318,16 @@ def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     if current >= ATTENTION_OPSET or not any(n.op_type == "Attention" for n in model.graph.node):
-        return model if current >= OPSET else version_converter.convert_version(model, OPSET)
+        return model if current >= OPSET else _converted(model, OPSET)
     try:
-        return version_converter.convert_version(model, ATTENTION_OPSET)
+        return _converted(model, ATTENTION_OPSET)
     except Exception:  # the converter raises bare errors for operators it has no adapter for
-        return model if current >= OPSET else version_converter.convert_version(model, OPSET)
+        return model if current >= OPSET else _converted(model, OPSET)
+
+
+def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    # the converter serializes what it is given: past 2 GiB of weights it would fail
+    return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
 
 
 def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

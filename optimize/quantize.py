@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from optimize.onnxio import copy_model
+from optimize.onnxio import copy_model, model_bytes, needs_external_data
 from optimize.parity import ParityResult
 from optimize.presets import QuantizationConfig
 
@@ -40,7 +40,8 @@ def quantize(src: Path, dst: Path, config: QuantizationConfig, include: list[str
         quantize_dynamic(src, dst, per_channel=config.per_channel, reduce_range=config.reduce_range,
                          weight_type=getattr(QuantType, config.weight_type),
                          op_types_to_quantize=list(config.op_types), nodes_to_quantize=include,
-                         nodes_to_exclude=exclude, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+                         nodes_to_exclude=exclude, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+                         use_external_data_format=needs_external_data(model_bytes(src)))
 
 
 @contextmanager
