@@ -59,9 +59,9 @@ def runners(recipes: Path, plain: Path) -> dict[str, Runner]:
 
 
 def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) -> dict[str, tuple[float, float, float]]:
-    from optimize.heldout import heldout_inputs
-    from optimize.reference import torch_reference
     from optimize.source import load_source
+    from optimize.validate.heldout import heldout_inputs
+    from optimize.validate.reference import torch_reference
 
     texts = heldout_inputs(TASK)
     reference = np.stack(torch_reference(load_source(minilm(), TASK), texts))

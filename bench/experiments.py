@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.model import build_distilbert_base
 from bench.run import WORK, prepare, publish
-from optimize.speed import cpu_session, median_ms
+from optimize.validate.latency import cpu_session, median_ms
 
 SEQS = (8, 128)
 ROUNDS = 5
@@ -22,8 +22,9 @@ ROUNDS = 5
 def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
     from optimize.export import export_onnx
     from optimize.fuse import fuse
-    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, QuantizationConfig
-    from optimize.quantize import quantize
+    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI
+    from optimize.quantize.config import QuantizationConfig
+    from optimize.quantize.per_tensor import quantize
     from optimize.source import load_source
 
     out.mkdir(parents=True, exist_ok=True)

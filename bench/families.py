@@ -37,10 +37,10 @@ def main(families: list[str]) -> None:
 
     from optimize.export import export_onnx
     from optimize.fuse import fuse
-    from optimize.per_token import quantize_per_token
     from optimize.presets import resolve_target
+    from optimize.quantize.per_token import quantize_per_token
     from optimize.source import load_source
-    from optimize.speed import cpu_session, median_ms
+    from optimize.validate.latency import cpu_session, median_ms
 
     bits = resolve_target("icelake").quantization.weight_bits
     print(f"onnxruntime {ort.__version__}; batch 8 x 128 tokens; median ms of 3 rounds x 5 runs")

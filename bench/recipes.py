@@ -25,9 +25,9 @@ from bench.run import WORK, publish
 from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
-from optimize.heldout import heldout_inputs
-from optimize.parity import THRESHOLDS
-from optimize.speed import cpu_session
+from optimize.validate.heldout import heldout_inputs
+from optimize.validate.latency import cpu_session
+from optimize.validate.parity import THRESHOLDS
 
 TASK = "feature-extraction"
 CELLS = ((1, 8), (1, 64), (1, 256), (8, 64), (32, 128))
@@ -45,12 +45,11 @@ def minilm() -> str:
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
     from infinity.tokenization import TextTokenizer
-    from optimize.outliers import activation_bounds
-    from optimize.per_token import per_token_candidates, quantize_per_token
+    from optimize.calibrate import OnnxRunner, activation_bounds, calibration_inputs
     from optimize.pipeline import OptimizeOptions, optimize
     from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, resolve_target
-    from optimize.quantize import quantize
-    from optimize.reference import OnnxRunner, calibration_inputs
+    from optimize.quantize.per_tensor import quantize
+    from optimize.quantize.per_token import per_token_candidates, quantize_per_token
 
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target("auto")
@@ -87,9 +86,9 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
 
 
 def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[str, float]]:
-    from optimize.reference import torch_reference
-    from optimize.served import load_candidate, served_parity
     from optimize.source import load_source
+    from optimize.validate.reference import torch_reference
+    from optimize.validate.served import load_candidate, served_parity
 
     manifest = Manifest.load(served_dir)
     inputs = heldout_inputs(TASK)

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _validate(artifact: Path, model: str | None) -> int:
     from infinity.manifest import ManifestError
-    from optimize.validate import validate_artifact
+    from optimize.validate.artifact import validate_artifact
 
     try:
         checked = validate_artifact(artifact, model)

@@ -23,18 +23,20 @@ from infinity.manifest import (
 )
 from infinity.tokenization import TextTokenizer
 from optimize import package
-from optimize.embedding_int8 import quantize_embedding_tables
+from optimize.calibrate import OnnxRunner
 from optimize.export import export_onnx
 from optimize.fuse import fuse
-from optimize.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
-from optimize.int8 import quantize_int8
 from optimize.onnxio import copy_model, model_bytes, save_model
-from optimize.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
-from optimize.reference import OnnxRunner, probe_inputs, torch_reference
-from optimize.served import ServedParity, load_candidate, served_parity
+from optimize.quantize.embeddings import quantize_embedding_tables
+from optimize.quantize.int8 import quantize_int8
 from optimize.source import SourceModel, load_source
-from optimize.speed import latency_table, median_latency_ms
+from optimize.validate.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
+from optimize.validate.latency import latency_table, median_latency_ms
+from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
+from optimize.validate.probes import probe_inputs
+from optimize.validate.reference import torch_reference
+from optimize.validate.served import ServedParity, load_candidate, served_parity
 
 Log = Callable[[str], None]
 

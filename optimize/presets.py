@@ -1,70 +1,13 @@
 """Named hardware targets: one typed definition each, and why it is chosen that way."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from infinity.hostinfo import cpu_flags
+from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
 
-WEIGHT_TYPES = ("QInt8", "QUInt8")
-ACTIVATION_MODES = ("per_token", "per_tensor")
 PRECISIONS = ("int8", "fp32", "fp16")
-CALIBRATED_ROLES = ("normalized", "context")  # inputs whose rows a LayerNorm or an attention already bounds
-
-
-@dataclass(frozen=True)
-class QuantizationConfig:
-    """INT8 with u8 activations quantized at run time and s8 weights quantized offline, per output channel.
-
-    `per_token`: one activation scale per row (token), so an input's answer never depends on its batch; outliers
-    smoothed into the weights. `per_tensor`: onnxruntime's dynamic quantization, one scale per padded batch, with
-    outlier channels split off into float side paths."""
-    weight_type: str = "QInt8"
-    per_channel: bool = True
-    reduce_range: bool = False  # 7-bit weights: u8 x s8 pair sums stay inside int16 on VPMADDUBSW (no VNNI)
-    op_types: tuple[str, ...] = ("MatMul", "Attention")
-    split_outliers: bool = True  # per_tensor: outlier input channels of each MatMul go through a small float MatMul
-    activations: str = "per_token"
-    smoothing_alpha: float = 0.5  # per_token: s = range_x^alpha / range_w^(1 - alpha)
-    weight_bits_why: str = ""  # why this target's kernels want weight_bits
-    # per_token: on a build host with one of these flags (kernels that sum u8 x s8 in 32 bits), 8-bit weights are
-    # tried first and kept when every node quantizes within parity; otherwise weight_bits and the parity search
-    wide_weights_flags: tuple[str, ...] = ()
-    # per_token with 8-bit weights: inputs of these roles ("normalized": a LayerNorm's output, "context": an
-    # attention's) are tried first with one scale calibrated for all rows, which the MatMul applies in its kernel
-    calibrated_roles: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.weight_type not in WEIGHT_TYPES:
-            raise ValueError(f"weight_type must be one of {WEIGHT_TYPES}, not {self.weight_type!r}")
-        if not self.op_types:
-            raise ValueError("op_types must name at least one operator")
-        if self.activations not in ACTIVATION_MODES:
-            raise ValueError(f"activations must be one of {ACTIVATION_MODES}, not {self.activations!r}")
-        if self.activations == "per_token" and (self.weight_type != "QInt8" or not self.per_channel):
-            raise ValueError("per_token activations go with per-channel QInt8 weights")
-        if set(self.calibrated_roles) - set(CALIBRATED_ROLES):
-            raise ValueError(f"calibrated_roles must be among {CALIBRATED_ROLES}")
-        if not 0 <= self.smoothing_alpha <= 1:
-            raise ValueError("smoothing_alpha must be between 0 and 1")
-
-    @property
-    def weight_bits(self) -> int:
-        return 7 if self.reduce_range else 8
-
-    @property
-    def batch_invariant(self) -> bool:
-        return self.activations == "per_token"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        # choices at build time: the record says the bits and the calibrated roles chosen
-        del data["wide_weights_flags"]
-        data["calibrated_roles"] = []
-        data["op_types"] = list(self.op_types)
-        data["activation_type"] = "QUInt8"
-        data["weight_bits"] = self.weight_bits
-        return data
 
 
 @dataclass(frozen=True)
@@ -102,8 +45,6 @@ class TargetPreset:
 # agreement 0.9818), so the search runs with 7.
 VNNI_WEIGHTS = ("7-bit weights: with 8 (VPDPBUSD sums in 32 bits) the parity search overfit its tuning texts on a "
                 "classifier, and 7-bit products are exact on every x86 INT8 path")
-VNNI_WIDE_WEIGHTS = ("8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits, and every node quantized within "
-                     "parity on a VNNI build host")
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x s8 products into int16, which "
                    "8-bit weights can saturate")

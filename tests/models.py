@@ -111,7 +111,8 @@ def build_byte_bpe_tokenizer(out: Path, bos: str | None = None, eos: str = EOS, 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from optimize.probes import CALIBRATION_SINGLES, SINGLES
+    from optimize.calibrate import CALIBRATION_SINGLES
+    from optimize.validate.probes import SINGLES
 
     specials = [eos] + ([bos] if bos else [])
     tokenizer = Tokenizer(models.BPE())

@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from optimize.embedding_int8 import quantize_embedding_tables
 from optimize.pipeline import OptimizeOptions, optimize
+from optimize.quantize.embeddings import quantize_embedding_tables
 from tests.models import build_tiny_family
 
 

@@ -76,7 +76,7 @@ def test_a_changed_or_missing_weights_file_is_refused_in_one_line(split_artifact
 
 def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_artifacts, tmp_path):
     from optimize.onnxio import copy_model
-    from optimize.served import load_candidate
+    from optimize.validate.served import load_candidate
 
     artifact = split_artifacts["fp32"]
     graph = tmp_path / "work" / "candidate.onnx"  # where the quantizer writes its trials: outside the artifact
@@ -147,8 +147,9 @@ INT8_BRANCHES = {
 def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp_path, branch):
     """XLM-R large (2.2 GB of weights) once crashed in the 8-bit attempt: onnx's version converter serialized the
     whole model. Here every serialization carrying more than a tenth of the model's weights inline fails."""
-    from optimize import int8, onnxio
+    from optimize import onnxio
     from optimize.pipeline import OptimizeOptions, optimize
+    from optimize.quantize import int8
 
     target, options, expect = INT8_BRANCHES[branch]
     out = tmp_path / "out"

@@ -7,9 +7,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.outliers import MAX_CHANNELS, activation_ranges, outlier_channels, split_outliers
-from optimize.presets import QuantizationConfig
-from optimize.quantize import quantize
+from optimize.calibrate import activation_ranges
+from optimize.quantize.config import QuantizationConfig
+from optimize.quantize.outliers import MAX_CHANNELS, outlier_channels, split_outliers
+from optimize.quantize.per_tensor import quantize
 
 HIDDEN, HEADS, OUTLIERS = 64, 4, (3, 17, 40)
 

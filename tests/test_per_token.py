@@ -6,10 +6,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.outliers import activation_bounds
-from optimize.per_token import calibrated_scale, per_token_candidates, quantize_per_token, quantize_weight
-from optimize.presets import QuantizationConfig
-from optimize.quantize import quantize
+from optimize.calibrate import activation_bounds
+from optimize.quantize.config import QuantizationConfig
+from optimize.quantize.per_tensor import quantize
+from optimize.quantize.per_token import calibrated_scale, per_token_candidates, quantize_per_token, quantize_weight
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
 
 

@@ -97,7 +97,7 @@ def test_the_reference_pools_as_declared_so_parity_checks_the_declared_pooling(t
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from optimize.reference import torch_reference
+    from optimize.validate.reference import torch_reference
 
     source = load_source(str(plain_transformers_copy(tmp_path / "plain")), "feature-extraction", pooling="cls")
     assert source.facts.pooling == "cls" and not source.facts.normalize

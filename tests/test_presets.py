@@ -1,14 +1,8 @@
 import pytest
 
 from infinity.hostinfo import cpu_name
-from optimize.presets import (
-    PER_TOKEN_VNNI,
-    PRESETS,
-    QuantizationConfig,
-    TargetPreset,
-    resolve_target,
-    tensorrt_profiles,
-)
+from optimize.presets import PER_TOKEN_VNNI, PRESETS, TargetPreset, resolve_target, tensorrt_profiles
+from optimize.quantize.config import QuantizationConfig
 
 VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
 SKYLAKE_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw"})

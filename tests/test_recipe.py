@@ -1,4 +1,4 @@
-from optimize.recipe import node_role, nodes_for_roles
+from optimize.quantize.carry import node_role, nodes_for_roles
 
 MINILM = ["Attention_0", "/model/encoder/layer.0/attention/output/dense/MatMul",
           "/model/encoder/layer.0/intermediate/dense/MatMul", "/model/encoder/layer.0/output/dense/MatMul"]
@@ -20,14 +20,15 @@ def test_a_recipe_carries_layer_roles_and_keeps_heads_float():
 
 
 def test_outlier_channel_counts_carry_by_role():
-    from optimize.recipe import OutlierLimits, node_role
+    from optimize.quantize.carry import OutlierLimits, node_role
 
     limits = OutlierLimits({node_role(MINILM[2]): 5, node_role(MINILM[3]): 16})
     assert limits.for_nodes(DISTILBERT) == {DISTILBERT[2]: 5, DISTILBERT[3]: 16}
 
 
 def test_calibration_texts_are_not_the_probes():
-    from optimize.reference import calibration_inputs, probe_inputs
+    from optimize.calibrate import calibration_inputs
+    from optimize.validate.probes import probe_inputs
 
     for task in ("feature-extraction", "sequence-classification", "ranking", "token-classification"):
         calibration, probes = calibration_inputs(task), probe_inputs(task)

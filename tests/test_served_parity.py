@@ -5,9 +5,10 @@ import pytest
 from infinity.manifest import Manifest
 from infinity.model import LoadedModel
 from infinity.settings import Settings
-from optimize.heldout import heldout_inputs
-from optimize.reference import calibration_inputs, probe_inputs
-from optimize.served import mixed_batches, run_served
+from optimize.calibrate import calibration_inputs
+from optimize.validate.heldout import heldout_inputs
+from optimize.validate.probes import probe_inputs
+from optimize.validate.served import mixed_batches, run_served
 
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
 # The INT8 test model per task (see test_optimize.INT8_CASES).

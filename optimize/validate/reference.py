@@ -1,36 +1,15 @@
 """Task-level outputs of the original model (PyTorch FP32) and of an ONNX graph, on the same probes."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from infinity.tasks.base import activate
-from infinity.tokenization import TextInput, TextTokenizer, pad_batch
+from infinity.tokenization import TextInput
 from optimize.source import SourceModel, read_modules
 
 Outputs = list[np.ndarray]  # one array per input: a vector, a probability row, a token x label matrix, a score
-
-
-def probe_inputs(task: str) -> list[TextInput]:
-    from optimize.probes import PAIRS, SINGLES
-
-    return _for_task(task, SINGLES, PAIRS)
-
-
-def calibration_inputs(task: str) -> list[TextInput]:
-    from optimize.probes import CALIBRATION_PAIRS, CALIBRATION_SINGLES
-
-    return _for_task(task, CALIBRATION_SINGLES, CALIBRATION_PAIRS)
-
-
-def _for_task(task: str, singles: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> list[TextInput]:
-    if task == "ranking":
-        return list(pairs)
-    if task == "sequence-classification":
-        return [*singles, *pairs]
-    return list(singles)
 
 
 def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
@@ -106,19 +85,3 @@ def sentence_transformer(source: SourceModel) -> Any:
     return SentenceTransformer(modules=[backbone, pooling], device="cpu")
 
 
-class OnnxRunner:
-    """Feeds for a graph as the server builds them (its tokenizer.json, padded batches of 8): for calibration."""
-
-    def __init__(self, tokenizer: TextTokenizer, task: str, facts: Any, threads: int = 0) -> None:
-        self.tokenizer = tokenizer
-        self.task = task
-        self.facts = facts
-        self.threads = threads
-
-    def batches(self, inputs: list[TextInput]) -> Iterator[tuple[list[Any], dict[str, np.ndarray]]]:
-        """(encodings, feeds for every model input) per padded batch of 8."""
-        for start in range(0, len(inputs), 8):
-            encoded = self.tokenizer.encode(inputs[start:start + 8])
-            batch = pad_batch(encoded, self.tokenizer.pad_id)
-            yield encoded, {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                            "token_type_ids": batch.token_type_ids}

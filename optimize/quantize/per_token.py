@@ -31,8 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, version_converter
 
+from optimize.calibrate import Bounds, peaks
 from optimize.onnxio import on_graph_only, save_model
-from optimize.outliers import Bounds, peaks
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator

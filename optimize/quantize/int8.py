@@ -12,14 +12,15 @@ import onnx
 
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
+from optimize.calibrate import OnnxRunner, activation_bounds, activation_ranges, calibration_inputs
 from optimize.onnxio import copy_model
-from optimize.outliers import activation_bounds, activation_ranges, split_outliers
-from optimize.parity import ParityResult
-from optimize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
-from optimize.presets import VNNI_WIDE_WEIGHTS, QuantizationConfig
-from optimize.quantize import accuracy_aware_quantize, keep_fewest_float, quantizable_nodes, quantize
-from optimize.recipe import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
-from optimize.reference import OnnxRunner, calibration_inputs
+from optimize.quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
+from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
+from optimize.quantize.outliers import split_outliers
+from optimize.quantize.per_tensor import quantizable_nodes, quantize
+from optimize.quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
+from optimize.quantize.search import accuracy_aware_quantize, keep_fewest_float
+from optimize.validate.parity import ParityResult
 
 Evaluate = Callable[[Path], ParityResult]
 Log = Callable[[str], None]

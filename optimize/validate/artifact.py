@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from infinity.model import LoadedModel
-from optimize.heldout import heldout_inputs
-from optimize.reference import torch_reference
-from optimize.served import ServedParity, served_parity
 from optimize.source import load_source
+from optimize.validate.heldout import heldout_inputs
+from optimize.validate.reference import torch_reference
+from optimize.validate.served import ServedParity, served_parity
 
 
 def validate_artifact(artifact: Path | str, model: str | None = None, threads: int = 0) -> ServedParity:

@@ -21,8 +21,8 @@ from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import FeatureExtraction, l2_normalize
 from infinity.tokenization import TextInput, TextTokenizer
 from optimize.onnxio import external_files
-from optimize.parity import ParityResult, batch_invariance, compare, worst
-from optimize.reference import ranking_group_sizes
+from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
+from optimize.validate.reference import ranking_group_sizes
 
 Outputs = list[np.ndarray]
 SHUFFLE_SEED = 7

@@ -195,5 +195,6 @@ def _generated(task: str, size: int, seed: int) -> list[TextInput]:
         return [*singles(size - size * 3 // 11, seed), *pairs(size * 3 // 11, seed)]
     return list(singles(size, seed))
 
-HELDOUT_DESCRIPTION = (f"held-out validation set (optimize/heldout.py, seed {SEED}): texts no search or calibration "
-                       "step saw; each input alone and inside shuffled mixed-length batches up to the server's limits")
+HELDOUT_DESCRIPTION = (f"held-out validation set (optimize/validate/heldout.py, seed {SEED}): texts no search or "
+                       "calibration step saw; each input alone and inside shuffled mixed-length batches up to the "
+                       "server's limits")

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimize.reference import Outputs
+from optimize.validate.reference import Outputs
 
 # metric -> (threshold, "min" means the metric must be at least the threshold)
 THRESHOLDS: dict[str, dict[str, float]] = {

@@ -10,9 +10,7 @@ moves part of the outliers' range from the activations into the per-channel quan
 """
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.onnxio import save_model, session_source
-
-Feeds = dict[str, np.ndarray]
+from optimize.onnxio import save_model
 
 RATIO = 3.0         # a channel is an outlier when its calibrated range exceeds RATIO x the median channel's
 MAX_CHANNELS = 16   # at most this many per MatMul: the float side path stays small
@@ -43,55 +39,6 @@ class OutlierSplit:
 
 def side_path_name(node: str) -> str:
     return f"{node}/outliers/MatMul"
-
-
-Bounds = tuple[np.ndarray, np.ndarray]  # per channel (min, max)
-
-
-def activation_ranges(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds],
-                      threads: int = 0) -> dict[str, np.ndarray]:
-    """Per-channel max |x| of each node's first input, over the real (unpadded) tokens of the batches."""
-    return peaks(activation_bounds(model_path, nodes, batches, threads))
-
-
-def peaks(bounds: dict[str, Bounds]) -> dict[str, np.ndarray]:
-    return {node: np.maximum(-low, high) for node, (low, high) in bounds.items()}
-
-
-def activation_bounds(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds],
-                      threads: int = 0) -> dict[str, Bounds]:
-    """Per-channel (min, max) of each node's first input, over the real (unpadded) tokens of the batches."""
-    import onnxruntime as ort
-
-    model = onnx.load(str(model_path))
-    wanted = set(nodes)
-    inputs = {n.name: n.input[0] for n in model.graph.node if n.name in wanted}
-    outputs = {o.name for o in model.graph.output}
-    for tensor in dict.fromkeys(inputs.values()):
-        if tensor not in outputs:
-            model.graph.output.append(helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory(prefix="ranges-") as scratch:  # a model over 1 GiB goes through a file
-        session = ort.InferenceSession(session_source(model, Path(scratch)), options,
-                                       providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        feed_names = {i.name for i in session.get_inputs()}
-        bounds: dict[str, Bounds] = {}
-        for feeds in batches:
-            values = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in feed_names})))
-            real = feeds["attention_mask"].astype(bool)
-            for tensor in set(inputs.values()):
-                value = values[tensor]
-                # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative
-                # position embeddings are [1, positions, hidden] whatever the batch) is taken whole
-                value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
-                low, high = value.min(axis=0), value.max(axis=0)
-                if tensor in bounds:
-                    low, high = np.minimum(bounds[tensor][0], low), np.maximum(bounds[tensor][1], high)
-                bounds[tensor] = (low, high)
-    return {node: bounds[tensor] for node, tensor in inputs.items()}
 
 
 def outlier_channels(peak: np.ndarray, limit: int = MAX_CHANNELS, ratio: float = RATIO) -> np.ndarray:
