@@ -93,6 +93,9 @@ class Quantization:
             ("normalized": a LayerNorm's output, "context": an attention's); the rest get a scale per row.
         smoothing: per-token: inputs quantized, smoothed, smoothing folded into weights, one-sided GELU inputs,
             inputs with a calibrated scale.
+        smoothing_alphas: per-token: the strengths each input's smoothing was chosen among (besides none), by
+            simulated INT8 error on its calibration rows; empty: smoothing_alpha for every input.
+        smoothing_strengths: per-token: how many inputs were smoothed with each alpha ("none": not smoothed).
         outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
         latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time with idle
             workers spinning as the server's do by default.
@@ -109,6 +112,8 @@ class Quantization:
     op_types: list[str] = field(default_factory=list)
     split_outliers: bool = False
     smoothing_alpha: float = 0.5
+    smoothing_alphas: list[float] = field(default_factory=list)
+    smoothing_strengths: dict[str, int] = field(default_factory=dict)
     calibrated_roles: list[str] = field(default_factory=list)
     batch_invariant: bool = False
     candidates: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,19 @@ def peaks(bounds: dict[str, Bounds]) -> dict[str, np.ndarray]:
 def activation_bounds(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds],
                       threads: int = 0) -> dict[str, Bounds]:
     """Per-channel (min, max) of each node's first input, over the real (unpadded) tokens of the batches."""
+    return calibrate(model_path, nodes, batches, threads).bounds
+
+
+@dataclass
+class Calibration:
+    bounds: dict[str, Bounds]  # node -> per-channel (min, max) of its first input
+    samples: dict[str, np.ndarray] = field(default_factory=dict)  # input tensor -> its real-token rows
+
+
+def calibrate(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds], threads: int = 0,
+              samples: bool = False) -> Calibration:
+    """The bounds of each node's first input over the real (unpadded) tokens of the batches and, with `samples`,
+    those tokens' rows themselves."""
     import onnxruntime as ort
 
     model = onnx.load(str(model_path))
@@ -110,9 +124,11 @@ def activation_bounds(model_path: Path, nodes: Iterable[str], batches: Iterable[
     with tempfile.TemporaryDirectory(prefix="ranges-") as scratch:  # a model over 1 GiB goes through a file
         session = ort.InferenceSession(session_source(model, Path(scratch)), options,
                                        providers=["CPUExecutionProvider"])
+        del model
         names = [o.name for o in session.get_outputs()]
         feed_names = {i.name for i in session.get_inputs()}
         bounds: dict[str, Bounds] = {}
+        rows: dict[str, list[np.ndarray]] = {tensor: [] for tensor in inputs.values()}
         for feeds in batches:
             values = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in feed_names})))
             real = feeds["attention_mask"].astype(bool)
@@ -125,4 +141,7 @@ def activation_bounds(model_path: Path, nodes: Iterable[str], batches: Iterable[
                 if tensor in bounds:
                     low, high = np.minimum(bounds[tensor][0], low), np.maximum(bounds[tensor][1], high)
                 bounds[tensor] = (low, high)
-    return {node: bounds[tensor] for node, tensor in inputs.items()}
+                if samples:
+                    rows[tensor].append(value)
+    return Calibration({node: bounds[tensor] for node, tensor in inputs.items()},
+                       {tensor: np.concatenate(parts) for tensor, parts in rows.items() if parts})

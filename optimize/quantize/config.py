@@ -27,6 +27,9 @@ class QuantizationConfig:
     split_outliers: bool = True  # per_tensor: outlier input channels of each MatMul go through a small float MatMul
     activations: str = "per_token"
     smoothing_alpha: float = 0.5  # per_token: s = range_x^alpha / range_w^(1 - alpha)
+    # per_token: each input's alpha chosen among these (or no smoothing) by simulated error on its calibration rows;
+    # empty: smoothing_alpha for every input
+    smoothing_alphas: tuple[float, ...] = ()
     weight_bits_why: str = ""  # why this target's kernels want weight_bits
     # per_token: on a build host with one of these flags (kernels that sum u8 x s8 in 32 bits), 8-bit weights are
     # tried first and kept when every node quantizes within parity; otherwise weight_bits and the parity search
@@ -46,8 +49,8 @@ class QuantizationConfig:
             raise ValueError("per_token activations go with per-channel QInt8 weights")
         if set(self.calibrated_roles) - set(CALIBRATED_ROLES):
             raise ValueError(f"calibrated_roles must be among {CALIBRATED_ROLES}")
-        if not 0 <= self.smoothing_alpha <= 1:
-            raise ValueError("smoothing_alpha must be between 0 and 1")
+        if not all(0 <= alpha <= 1 for alpha in (self.smoothing_alpha, *self.smoothing_alphas)):
+            raise ValueError("smoothing alphas must be between 0 and 1")
 
     @property
     def weight_bits(self) -> int:
@@ -63,6 +66,7 @@ class QuantizationConfig:
         del data["wide_weights_flags"]
         data["calibrated_roles"] = []
         data["op_types"] = list(self.op_types)
+        data["smoothing_alphas"] = list(self.smoothing_alphas)
         data["activation_type"] = "QUInt8"
         data["weight_bits"] = self.weight_bits
         return data

@@ -12,7 +12,7 @@ import onnx
 
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
-from optimize.calibrate import OnnxRunner, activation_bounds, activation_ranges, calibration_inputs
+from optimize.calibrate import OnnxRunner, activation_ranges, calibrate, calibration_inputs
 from optimize.onnxio import copy_model
 from optimize.quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
@@ -20,6 +20,7 @@ from optimize.quantize.outliers import split_outliers
 from optimize.quantize.per_tensor import quantizable_nodes, quantize
 from optimize.quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
 from optimize.quantize.search import accuracy_aware_quantize, keep_fewest_float
+from optimize.quantize.smoothing import Strengths, choose_strengths
 from optimize.validate.parity import ParityResult
 
 Evaluate = Callable[[Path], ParityResult]
@@ -135,14 +136,20 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     carried artifact kept them)."""
     calibration = calibration_inputs(task)
     nodes = per_token_candidates(src)
-    bounds = activation_bounds(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads)
+    calibrated = calibrate(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads,
+                           samples=bool(config.smoothing_alphas))
+    bounds = calibrated.bounds
+    strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
 
     last: list[PerTokenRecord] = []
 
     def write(path: Path, keep: list[str], bits: int = config.weight_bits,
               roles: tuple[str, ...] = ()) -> None:
+        if config.smoothing_alphas and (bits, roles) not in strengths:  # chosen once per setting, for every node
+            strengths[bits, roles] = choose_strengths(src, calibrated, config.smoothing_alphas, bits, frozenset(roles))
         last[:] = [quantize_per_token(src, path, bounds, weight_bits=bits, alpha=config.smoothing_alpha,
-                                      exclude=keep, calibrated_roles=frozenset(roles))]
+                                      exclude=keep, calibrated_roles=frozenset(roles),
+                                      alphas=strengths.get((bits, roles)))]
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)
@@ -168,7 +175,7 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
             write(full_int8, [], bits, roles)
         write(dst, kept, bits, roles)
         record.update(candidates=len(nodes), kept_float=len(kept), recipe_from=str(keep_float_like),
-                      smoothing=last[0].to_dict(), calibrated_roles=list(roles), **bits_record(bits))
+                      **_smoothing(last[0]), calibrated_roles=list(roles), **bits_record(bits))
         log(f"  per-token recipe from {keep_float_like}: {len(kept)} of {len(nodes)} nodes kept in float")
         return Int8Result(record, kept, full_int8)
     # Whole graphs with 8-bit weights, fastest first. Calibrated scales only with 8 bits: with 7 they cost more
@@ -187,14 +194,18 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
         if checked.passed:
             copy_model(candidate, dst)
             record.update(candidates=len(nodes), kept_float=0, trials=trials, full_int8_metrics=checked.metrics,
-                          smoothing=last[0].to_dict(), calibrated_roles=list(roles), **bits_record(8))
+                          **_smoothing(last[0]), calibrated_roles=list(roles), **bits_record(8))
             log(f"  per-token INT8 ({what}): {len(nodes)} of {len(nodes)} nodes, "
                 f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
             return Int8Result(record, [], None)
         log(f"  {what}: misses parity with every node INT8 ({'; '.join(checked.failures)})")
     result = keep_fewest_float(nodes, write, dst, evaluate, scratch, log)
     record.update(candidates=result.candidates, kept_float=len(result.kept_float), trials=trials + result.trials,
-                  full_int8_metrics=result.full_int8, smoothing=last[0].to_dict(), calibrated_roles=[])
+                  full_int8_metrics=result.full_int8, **_smoothing(last[0]), calibrated_roles=[])
     log(f"  per-token INT8: {result.candidates - len(result.kept_float)} of {result.candidates} nodes, "
         f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
     return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
+
+
+def _smoothing(record: PerTokenRecord) -> dict[str, Any]:
+    return {"smoothing": record.to_dict(), "smoothing_strengths": record.strengths}

@@ -24,6 +24,7 @@ is one Add (or the MatMul's own, with one calibrated scale).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,11 @@ class PerTokenRecord:
     smoothing_folded: int = 0  # of those, how many cost no operator
     one_sided: int = 0  # MatMuls reading a GELU output, quantized over [floor, max] with all 255 codes
     calibrated: int = 0  # inputs quantized with one calibrated scale: rows a LayerNorm or an attention bounds
+    strengths: dict[str, int] = field(default_factory=dict)  # how many inputs were smoothed with each alpha
+
+    def count_strength(self, alpha: float | None) -> None:
+        key = "none" if alpha is None else f"{alpha:g}"
+        self.strengths[key] = self.strengths.get(key, 0) + 1
 
     def to_dict(self) -> dict:
         return {"quantized": len(self.quantized), "smoothed_inputs": self.smoothed_inputs,
@@ -61,6 +67,21 @@ def per_token_candidates(model_path: Path) -> list[str]:
     graph = onnx.load(str(model_path), load_external_data=False).graph
     weights = {init.name: init for init in graph.initializer}
     return [n.name for n in graph.node if _weight(n, weights) is not None]
+
+
+def rewritable(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The candidates whose weight no other node reads: a shared weight cannot be rewritten for one of its users."""
+    weights = {init.name: init for init in graph.initializer}
+    consumers = _consumers(graph)
+    return [n for n in graph.node if _weight(n, weights) is not None and len(consumers[n.input[1]]) == 1]
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    return consumers
 
 
 def _weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
@@ -90,10 +111,12 @@ def input_role(tensor: str, producer: onnx.NodeProto | None) -> str:
 
 def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, weight_bits: int = 8,
                        alpha: float = 0.5, exclude: list[str] | None = None, activation_bits: int = 8,
-                       calibrated_roles: frozenset[str] = frozenset()) -> PerTokenRecord:
+                       calibrated_roles: frozenset[str] = frozenset(),
+                       alphas: Mapping[str, float | None] | None = None) -> PerTokenRecord:
     """`bounds`: per-channel (min, max) of each candidate node's input from calibration (None: no smoothing).
     `calibrated_roles`: inputs of these roles (see input_role) get one scale and zero point from `bounds` instead
-    of a scale per row."""
+    of a scale per row. `alphas`: the smoothing strength of each input tensor (None: not smoothed), where it is not
+    `alpha`."""
     ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
     graph = model.graph
@@ -101,13 +124,8 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     weights = {init.name: init for init in graph.initializer}
     skipped = set(exclude or [])
     producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
-    # a shared weight cannot be rewritten for one of its users
-    chosen = [n for n in graph.node if n.name not in skipped and _weight(n, weights) is not None
-              and len(consumers[n.input[1]]) == 1]
+    consumers = _consumers(graph)
+    chosen = [n for n in rewritable(graph) if n.name not in skipped]
     chosen_names = {n.name for n in chosen}
     by_input: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in chosen:
@@ -122,11 +140,15 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     divided: dict[str, np.ndarray] = {}  # what each smoothed input's channels are multiplied by
     if ranges is not None:
         for tensor, nodes in by_input.items():
+            strength = (alphas or {}).get(tensor, alpha)
             if any(n.name not in ranges for n in nodes):
+                continue
+            record.count_strength(strength)
+            if strength is None:
                 continue
             peak = np.max([ranges[n.name] for n in nodes], axis=0)
             weight_peak = np.max([np.abs(float_weights[n.name]).max(axis=1) for n in nodes], axis=0)
-            scale = smoothing_scales(peak, weight_peak, alpha)
+            scale = smoothing_scales(peak, weight_peak, strength)
             divided[tensor] = 1 / scale
             for n in nodes:
                 float_weights[n.name] = float_weights[n.name] * scale[:, None]
