@@ -149,11 +149,16 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
                       passed=False))
 
-    def served(path: Path, inputs: list, expected: list) -> ServedParity:
-        return served_parity(load_candidate(staging, draft, path, options.threads), inputs, expected, thresholds)
+    def served(path: Path, inputs: list, expected: list, alone: bool = True) -> ServedParity:
+        return served_parity(load_candidate(staging, draft, path, options.threads), inputs, expected, thresholds,
+                             alone=alone)
+
+    # a per-token graph answers alike alone and batched (validate checks it): its trials run batched only
+    invariant = precision == "int8" and preset.quantization is not None and preset.quantization.batch_invariant and (
+        options.activations in (None, "per_token"))
 
     def evaluate(path: Path) -> ParityResult:
-        return served(path, search_inputs, reference).result
+        return served(path, search_inputs, reference, alone=not invariant).result
 
     quantization, kept_float, notes = None, [], [*fusion.gaps, *source_notes(source)]
     if fusion.split_layer_norms:

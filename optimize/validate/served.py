@@ -9,6 +9,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -78,14 +79,15 @@ def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:
     return activate(row, facts.score_activation or default).astype(np.float32)
 
 
-def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS) -> ServedOutputs:
+def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
+               alone: bool = True) -> ServedOutputs:
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
-    (padding, engine, the task's reduction)."""
+    (padding, engine, the task's reduction). `alone` False: batched only, and `alone` answers the same."""
     if isinstance(model.task, FeatureExtraction):  # texts get the default prompt, as a server gives it
         inputs = model.task.prompted(Request(list(inputs)), None).texts
     encoded = model.tokenizer.encode(inputs, truncate=True)
-    alone = [row_values(model, model.forward([e])[0], len(e)) for e in encoded]
+    singles = [row_values(model, model.forward([e])[0], len(e)) for e in encoded] if alone else []
     batched: list[np.ndarray | None] = [None] * len(inputs)
     largest = 0
     for indices in mixed_batches([len(e) for e in encoded], settings):
@@ -93,7 +95,8 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
             batched[i] = row_values(model, row, len(encoded[i]))
-    return ServedOutputs(alone, batched, largest)  # type: ignore[arg-type]  # every index is in one batch
+    every = cast(Outputs, batched)  # every index is in one batch
+    return ServedOutputs(singles if alone else every, every, largest)
 
 
 def mixed_batches(lengths: list[int], settings: Settings) -> list[list[int]]:
@@ -122,9 +125,11 @@ class ServedParity:
 
 
 def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
-                  settings: Settings = DEFAULTS) -> ServedParity:
+                  settings: Settings = DEFAULTS, alone: bool = True) -> ServedParity:
+    """`alone` False (for a graph whose answers cannot depend on their batch, while it is searched for): batched
+    only, half the time; the artifact's own check always runs both."""
     task = model.manifest.source.task
-    outputs = run_served(model, inputs, settings)
+    outputs = run_served(model, inputs, settings, alone)
     groups = ranking_group_sizes(inputs) if task == "ranking" else None
     alone = compare(task, reference, outputs.alone, groups, thresholds)
     batched = compare(task, reference, outputs.batched, groups, thresholds)
