@@ -113,11 +113,12 @@ def ort_runner(path: Path, threads: int = 2, spin_wait_us: int = SPIN_WAIT_US) -
     return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in names})[0]
 
 
-def timed_cells(runners: dict[str, Runner], calls: Callable[[int, int], int]) -> dict[str, dict[tuple[int, int],
-                                                                                             tuple[float, float]]]:
-    """(median, min) ms per runner and cell, the runners taking turns call by call; `calls(batch, sequence)`."""
+def timed_cells(runners: dict[str, Runner], calls: Callable[[int, int], int],
+                shapes: tuple[tuple[int, int], ...] = CELLS) -> dict[str, dict[tuple[int, int], tuple[float, float]]]:
+    """(median, min) ms per runner and cell (batch, sequence), the runners taking turns call by call;
+    `calls(batch, sequence)`."""
     cells: dict[str, dict[tuple[int, int], tuple[float, float]]] = {name: {} for name in runners}
-    for batch, sequence in CELLS:
+    for batch, sequence in shapes:
         ids = np.full((batch, sequence), 1000, dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         for run in runners.values():

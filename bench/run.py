@@ -55,7 +55,7 @@ def run_step(command: list[str]) -> None:
 def optimizer_digest() -> str:
     """Names cached artifacts after the optimizer's code, so a changed recipe is never benchmarked stale."""
     digest = hashlib.sha256()
-    for path in sorted(Path(optimize.__file__).parent.glob("*.py")):
+    for path in sorted(Path(optimize.__file__).parent.rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
