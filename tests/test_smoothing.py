@@ -30,7 +30,8 @@ def one_matmul(path, scheme: str, rng: np.random.Generator) -> np.ndarray:
                                            helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                                                          ["b", "s"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", OUT])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, str(path))
     return weight
 
