@@ -157,8 +157,11 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     invariant = precision == "int8" and preset.quantization is not None and preset.quantization.batch_invariant and (
         options.activations in (None, "per_token"))
 
-    def evaluate(path: Path) -> ParityResult:
-        return served(path, search_inputs, reference, alone=not invariant).result
+    def evaluate(path: Path, only: list[int] | None = None) -> ParityResult:
+        inputs, expected = search_inputs, reference
+        if only is not None and options.task != "ranking":  # a ranking's pairs are judged by query group
+            inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
+        return served(path, inputs, expected, alone=not invariant).result
 
     quantization, kept_float, notes = None, [], [*fusion.gaps, *source_notes(source)]
     if fusion.split_layer_norms:

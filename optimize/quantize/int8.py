@@ -19,11 +19,9 @@ from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
 from optimize.quantize.outliers import split_outliers
 from optimize.quantize.per_tensor import quantizable_nodes, quantize
 from optimize.quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
-from optimize.quantize.search import accuracy_aware_quantize, keep_fewest_float
+from optimize.quantize.search import Evaluate, accuracy_aware_quantize, keep_fewest_float
 from optimize.quantize.smoothing import Strengths, choose_strengths
-from optimize.validate.parity import ParityResult
 
-Evaluate = Callable[[Path], ParityResult]
 Log = Callable[[str], None]
 
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from optimize.onnxio import copy_model
 from optimize.quantize.config import QuantizationConfig
 from optimize.quantize.per_tensor import quantizable_nodes, quantize
 from optimize.validate.parity import ParityResult
 
-Evaluate = Callable[[Path], ParityResult]
+# Nodes are ranked by their harm on this many of the search texts: those full INT8 answers worst.
+RANKING_INPUTS = 8
+
+
+class Evaluate(Protocol):
+    """Parity of a graph on the search texts; `only`: on these of them (for ranking), where the task allows."""
+
+    def __call__(self, path: Path, only: list[int] | None = None) -> ParityResult: ...
 
 
 @dataclass
@@ -43,7 +51,9 @@ Write = Callable[[Path, list[str]], None]  # (output path, nodes to keep in floa
 
 def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evaluate, scratch: Path,
                       log: Callable[[str], None] = print, full_model: Path | None = None) -> QuantizationResult:
-    """All of `nodes` INT8 if that passes; else the fewest most harmful kept in float until parity passes."""
+    """All of `nodes` INT8 if that passes; else the fewest most harmful kept in float until parity passes. A
+    node's harm is measured with it alone quantized, on the texts full INT8 answers worst; the bisection over how
+    many to keep checks every search text."""
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
@@ -56,11 +66,13 @@ def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evalu
     if full.passed:
         copy_model(full_model, dst)  # with its weights file, if it has one
         return result
-    log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes")
+    ranking = full.hardest[:RANKING_INPUTS] or None
+    log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes on the "
+        f"{len(ranking) if ranking else 'all'} texts it answers worst")
     trial = scratch / "trial.onnx"
     for node in nodes:
         write(trial, [n for n in nodes if n != node])
-        result.sensitivity[node] = evaluate(trial).score
+        result.sensitivity[node] = evaluate(trial, ranking).score
         result.trials += 1
     order = sorted(nodes, key=lambda n: result.sensitivity[n])
 

@@ -39,6 +39,7 @@ class ParityResult:
     metrics: dict[str, float]
     thresholds: dict[str, float]
     failures: list[str] = field(default_factory=list)
+    hardest: list[int] = field(default_factory=list)  # input indices, farthest from the reference first
 
     @property
     def passed(self) -> bool:
@@ -63,7 +64,16 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
         metrics = _ranking(reference, candidate, groups or [len(reference)])
     failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in thresholds.items()
                 if not metrics[name] >= bound]
-    return ParityResult(metrics, thresholds, failures)
+    return ParityResult(metrics, thresholds, failures, hardest(reference, candidate))
+
+
+def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
+    """Input indices by how far each answer is from the reference's (relative L2 of the whole output), farthest
+    first."""
+    distances = [float(np.linalg.norm(np.asarray(c, np.float64) - np.asarray(r, np.float64))
+                       / max(float(np.linalg.norm(np.asarray(r, np.float64))), 1e-12))
+                 for r, c in zip(reference, candidate)]
+    return sorted(range(len(distances)), key=lambda i: -distances[i])
 
 
 def worst(first: ParityResult, second: ParityResult) -> ParityResult:
@@ -72,7 +82,7 @@ def worst(first: ParityResult, second: ParityResult) -> ParityResult:
                for name, value in first.metrics.items()}
     failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in first.thresholds.items()
                 if not metrics[name] >= bound]
-    return ParityResult(metrics, dict(first.thresholds), failures)
+    return ParityResult(metrics, dict(first.thresholds), failures, second.hardest or first.hardest)
 
 
 def _lower_is_better(metric: str) -> bool:
