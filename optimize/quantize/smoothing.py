@@ -35,14 +35,16 @@ def choose_strengths(model_path: Path, calibration: Calibration, alphas: tuple[f
                      calibrated_roles: frozenset[str], exclude: list[str] | None = None) -> Strengths:
     """Per input read by quantized MatMuls: the alpha of `alphas`, or None, with the least simulated error summed
     over its readers (relative Frobenius norm of the product's error, two-fold over the calibration rows)."""
-    graph = onnx.load(str(model_path)).graph
+    # the MatMuls' weights alone are read: a model past 1 GiB keeps its embedding table on disk
+    graph = onnx.load(str(model_path), load_external_data=False).graph
     producers = {out: node for node in graph.node for out in node.output}
     weights = {init.name: init for init in graph.initializer}
     skipped = set(exclude or [])
     readers: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
     for node in rewritable(graph):
         if node.name not in skipped:
-            readers[node.input[0]].append((node.name, numpy_helper.to_array(weights[node.input[1]])))
+            weight = numpy_helper.to_array(weights[node.input[1]], base_dir=str(Path(model_path).parent))
+            readers[node.input[0]].append((node.name, weight))
     chosen: Strengths = {}
     for tensor, nodes in readers.items():
         rows = calibration.samples.get(tensor)
