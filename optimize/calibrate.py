@@ -136,7 +136,8 @@ def calibrate(model_path: Path, nodes: Iterable[str], batches: Iterable[Feeds], 
                 value = values[tensor]
                 # [batch, sequence, ...] activations: only the real tokens; anything else (DeBERTa's relative
                 # position embeddings are [1, positions, hidden] whatever the batch) is taken whole
-                value = value[real] if value.shape[:2] == real.shape else value.reshape(-1, value.shape[-1])
+                token_rows = value.ndim == 3 and value.shape[:2] == real.shape
+                value = value[real] if token_rows else value.reshape(-1, value.shape[-1])
                 low, high = value.min(axis=0), value.max(axis=0)
                 if tensor in bounds:
                     low, high = np.minimum(bounds[tensor][0], low), np.maximum(bounds[tensor][1], high)

@@ -79,3 +79,24 @@ def test_the_chosen_strength_is_the_one_whose_graph_is_closest_on_held_out_rows(
         errors[alpha] = float(np.linalg.norm(run(tmp_path / "q.onnx", held_out)[real] - exact))
     assert errors[chosen] <= 1.05 * min(errors.values()), (chosen, errors)
     assert errors[chosen] < errors[None]  # the large channel is worth smoothing
+
+
+def test_a_pooled_input_as_wide_as_the_sequence_is_long_is_calibrated_whole(tmp_path):
+    """[batch, hidden] with hidden == the sequence length: not a [batch, sequence] of tokens to mask."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["p"], name="pool", keepdims=0),
+             helper.make_node("MatMul", ["p", "w"], ["y"], name="mm")]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "axes"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (HIDDEN, OUT)).astype(np.float32), "w")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", HIDDEN]),
+                                           helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                                                         ["b", "s"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", OUT])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(tmp_path / "g.onnx"))
+    mask = np.ones((3, HIDDEN), np.int64)
+    mask[0, 5:] = 0
+    feeds = {"x": rng.normal(0, 1, (3, HIDDEN, HIDDEN)).astype(np.float32), "attention_mask": mask}
+    calibration = calibrate(tmp_path / "g.onnx", ["mm"], [feeds], samples=True)
+    pooled = feeds["x"].mean(axis=1)
+    np.testing.assert_allclose(calibration.samples["p"], pooled, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(calibration.bounds["mm"][1], pooled.max(axis=0), rtol=1e-5, atol=1e-6)
