@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if q.calibrated_roles:
             split += (f"; {q.smoothing.get('calibrated_inputs', 0)} inputs ({'/'.join(q.calibrated_roles)}) with "
                       "one calibrated scale, the rest a scale per row")
+        if q.smoothing_strengths:
+            split += "; smoothing alpha per input: " + ", ".join(
+                f"{alpha} x{count}" for alpha, count in sorted(q.smoothing_strengths.items()))
         print(f"  recipe {q.mode}, {q.weight_bits}-bit weights ({q.weight_bits_why or 'no reason recorded'}): "
               f"quantized {q.candidates - len(opt.kept_float)} of {q.candidates} nodes; {len(opt.kept_float)} kept in "
               f"float for parity{split}")
