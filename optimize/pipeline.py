@@ -159,7 +159,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
 
     def evaluate(path: Path, only: list[int] | None = None) -> ParityResult:
         inputs, expected = search_inputs, reference
-        if only is not None and options.task != "ranking":  # a ranking's pairs are judged by query group
+        if only is not None:
             inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
         return served(path, inputs, expected, alone=not invariant).result
 

@@ -16,7 +16,7 @@ RANKING_INPUTS = 8
 
 
 class Evaluate(Protocol):
-    """Parity of a graph on the search texts; `only`: on these of them (for ranking), where the task allows."""
+    """Parity of a graph on the search texts; `only`: on these of them (for ranking)."""
 
     def __call__(self, path: Path, only: list[int] | None = None) -> ParityResult: ...
 
@@ -52,8 +52,8 @@ Write = Callable[[Path, list[str]], None]  # (output path, nodes to keep in floa
 def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evaluate, scratch: Path,
                       log: Callable[[str], None] = print, full_model: Path | None = None) -> QuantizationResult:
     """All of `nodes` INT8 if that passes; else the fewest most harmful kept in float until parity passes. A
-    node's harm is measured with it alone quantized, on the texts full INT8 answers worst; the bisection over how
-    many to keep checks every search text."""
+    node's harm is measured with it alone quantized, on the texts full INT8 answers worst where its evaluation names
+    them (else on all); the bisection over how many to keep checks every search text."""
     if not nodes:
         raise ValueError("no quantizable MatMul/Attention nodes with constant weights: the graph cannot be INT8")
     result = QuantizationResult(candidates=len(nodes))
@@ -67,8 +67,8 @@ def keep_fewest_float(nodes: list[str], write: Write, dst: Path, evaluate: Evalu
         copy_model(full_model, dst)  # with its weights file, if it has one
         return result
     ranking = full.hardest[:RANKING_INPUTS] or None
-    log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes on the "
-        f"{len(ranking) if ranking else 'all'} texts it answers worst")
+    on = f" on the {len(ranking)} texts it answers worst" if ranking else ""
+    log(f"  full INT8 misses parity ({'; '.join(full.failures)}); measuring {len(nodes)} nodes{on}")
     trial = scratch / "trial.onnx"
     for node in nodes:
         write(trial, [n for n in nodes if n != node])

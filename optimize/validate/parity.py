@@ -39,7 +39,7 @@ class ParityResult:
     metrics: dict[str, float]
     thresholds: dict[str, float]
     failures: list[str] = field(default_factory=list)
-    hardest: list[int] = field(default_factory=list)  # input indices, farthest from the reference first
+    hardest: list[int] = field(default_factory=list)  # embeddings: input indices, farthest from the reference first
 
     @property
     def passed(self) -> bool:
@@ -64,7 +64,9 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
         metrics = _ranking(reference, candidate, groups or [len(reference)])
     failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in thresholds.items()
                 if not metrics[name] >= bound]
-    return ParityResult(metrics, thresholds, failures, hardest(reference, candidate))
+    # texts to rank a search's nodes on: where the metric is continuous; a top-1 agreement over a few texts ties
+    ranked = hardest(reference, candidate) if task == "feature-extraction" else []
+    return ParityResult(metrics, thresholds, failures, ranked)
 
 
 def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
