@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.recipes import ort_runner, timed_cells
+from bench.recipes import ort_runner, speed_cells, timed_cells
 from bench.run import publish
 from infinity.hostinfo import cpu_name
 from infinity.manifest import Manifest
@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                          if checked else " |"),
              "|---|" + "---|" * len(SHAPES) + ("---|---|" if checked else "")]
     for name in graphs:
-        cells = " | ".join(f"{speed[name][c][0]:.2f} ({speed[name][c][1]:.2f}) x{speed[name][c][0] / first[c][0]:.2f}"
-                           for c in SHAPES)
-        row = f"| {name} | {cells} |"
+        row = f"| {name} | {speed_cells(speed[name], first, SHAPES)} |"
         if checked:
             p = checked[name]
             row += f" {p['alone']:.4f} / {p['batched']:.4f} | {p['moves']:.3g} |"

@@ -182,6 +182,14 @@ def gemm_floor(model: Path, calls: int = 20,
     return floors
 
 
+Cells = dict[tuple[int, int], tuple[float, float]]
+
+
+def speed_cells(cells: Cells, base: Cells, shapes: tuple[tuple[int, int], ...]) -> str:
+    """Markdown cells: median (min) ms and the ratio of the median to `base`'s."""
+    return " | ".join(f"{cells[c][0]:.2f} ({cells[c][1]:.2f}) x{cells[c][0] / base[c][0]:.2f}" for c in shapes)
+
+
 def table(variants: dict[str, Path], speed: dict, parity: dict | None, spin_wait_us: int = SPIN_WAIT_US) -> list[str]:
     flags = " ".join(sorted(f for f in cpu_flags() if f in INT8_FLAGS)) or "none of " + ", ".join(INT8_FLAGS)
     lines = [f"# INT8 recipes on all-MiniLM-L6-v2 ({cpu_name()}; INT8-relevant CPU flags: {flags})", "",
@@ -198,8 +206,7 @@ def table(variants: dict[str, Path], speed: dict, parity: dict | None, spin_wait
              "|---|" + "---|" * len(CELLS) + ("---|---|---|" if parity else "")]
     base = speed[DYNAMIC]
     for name in variants:
-        cells = " | ".join(f"{speed[name][c][0]:.2f} ({speed[name][c][1]:.2f}) x{speed[name][c][0] / base[c][0]:.2f}"
-                           for c in CELLS)
+        cells = speed_cells(speed[name], base, CELLS)
         row = f"| {name} | {cells} |"
         if parity:
             p = parity[name]
