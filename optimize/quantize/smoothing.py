@@ -32,19 +32,17 @@ Strengths = dict[str, float | None]  # input tensor -> alpha, None: not smoothed
 
 
 def choose_strengths(model_path: Path, calibration: Calibration, alphas: tuple[float, ...], weight_bits: int,
-                     calibrated_roles: frozenset[str], exclude: list[str] | None = None) -> Strengths:
+                     calibrated_roles: frozenset[str]) -> Strengths:
     """Per input read by quantized MatMuls: the alpha of `alphas`, or None, with the least simulated error summed
     over its readers (relative Frobenius norm of the product's error, two-fold over the calibration rows)."""
     # the MatMuls' weights alone are read: a model past 1 GiB keeps its embedding table on disk
     graph = onnx.load(str(model_path), load_external_data=False).graph
     producers = {out: node for node in graph.node for out in node.output}
     weights = {init.name: init for init in graph.initializer}
-    skipped = set(exclude or [])
     readers: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
     for node in rewritable(graph):
-        if node.name not in skipped:
-            weight = numpy_helper.to_array(weights[node.input[1]], base_dir=str(Path(model_path).parent))
-            readers[node.input[0]].append((node.name, weight))
+        weight = numpy_helper.to_array(weights[node.input[1]], base_dir=str(Path(model_path).parent))
+        readers[node.input[0]].append((node.name, weight))
     chosen: Strengths = {}
     for tensor, nodes in readers.items():
         rows = calibration.samples.get(tensor)
@@ -52,8 +50,8 @@ def choose_strengths(model_path: Path, calibration: Calibration, alphas: tuple[f
             continue
         role = input_role(tensor, producers.get(tensor))
         scheme = "calibrated" if role in calibrated_roles else "gelu" if role == "gelu" else "row"
-        errors = {alpha: folded_error(rows.astype(np.float32), [w for _, w in nodes], alpha, scheme, weight_bits)
-                  for alpha in (None, *alphas)}
+        rows, matrices = rows.astype(np.float32), [w for _, w in nodes]
+        errors = {alpha: folded_error(rows, matrices, alpha, scheme, weight_bits) for alpha in (None, *alphas)}
         chosen[tensor] = min(errors, key=lambda alpha: errors[alpha])
     return chosen
 
