@@ -45,7 +45,7 @@ def minilm() -> str:
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
     from infinity.tokenization import TextTokenizer
-    from optimize.calibrate import OnnxRunner, activation_bounds, calibration_inputs
+    from optimize.calibrate import Feeder, activation_bounds, calibration_inputs
     from optimize.pipeline import OptimizeOptions, optimize
     from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, resolve_target
     from optimize.quantize.per_tensor import quantize
@@ -71,9 +71,9 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
         manifest = Manifest.load(artifacts["fp32"])
         tokenizer = TextTokenizer(artifacts["fp32"] / "tokenizer.json", manifest.tokenizer.max_length,
                                   manifest.tokenizer.pad_id)
-        runner = OnnxRunner(tokenizer, TASK, manifest.task, 2)
+        feeder = Feeder(tokenizer)
         nodes = per_token_candidates(fused)
-        bounds = activation_bounds(fused, nodes, (f for _, f in runner.batches(calibration_inputs(TASK))), 2)
+        bounds = activation_bounds(fused, nodes, (f for _, f in feeder.batches(calibration_inputs(TASK))), 2)
         quantize_per_token(fused, every_row, bounds, weight_bits=bits)
     variants[f"per-token, {bits}-bit weights, a scale per row for every input"] = every_row
 

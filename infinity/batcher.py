@@ -83,6 +83,11 @@ def _deliver(answers: list[Answer]) -> None:
             pass
 
 
+def overfull(rows: int, longest: int, max_batch_size: int, max_batch_tokens: int) -> bool:
+    """More rows than max_batch_size, or more padded tokens (rows x longest) than max_batch_tokens."""
+    return rows > max_batch_size or rows * longest > max_batch_tokens
+
+
 class Batcher:
     def __init__(self, step: Step, max_batch_tokens: int, max_batch_size: int, max_queue: int,
                  on_batch: Callable[[BatchReport], None] | None = None) -> None:
@@ -185,7 +190,7 @@ class Batcher:
             while self._queue:
                 entry = self._queue[0]
                 grown_rows, grown_longest = rows + len(entry.items), max(longest, entry.longest)
-                if batch and (grown_rows > self.max_batch_size or grown_rows * grown_longest > self.max_batch_tokens):
+                if batch and overfull(grown_rows, grown_longest, self.max_batch_size, self.max_batch_tokens):
                     break
                 batch.append(self._queue.popleft())
                 rows, longest = grown_rows, grown_longest

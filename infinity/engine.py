@@ -25,23 +25,30 @@ class EngineError(RuntimeError):
     """The model failed to run a batch."""
 
 
+def session_options(threads: int | None = None, spin_wait: bool = True,
+                    spin_wait_us: int = SPIN_WAIT_US) -> ort.SessionOptions:
+    """How the server runs a graph; the optimizer times its graphs the same way."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin_wait:
+        # Idle workers sleep at once instead of spinning: for cores shared with other processes.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    else:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
+    return options
+
+
 class Engine:
     def __init__(self, directory: Path | str, manifest: Manifest, threads: int | None = None,
                  providers: list[str] | None = None, spin_wait: bool = True,
                  spin_wait_us: int = SPIN_WAIT_US) -> None:
         if hasattr(ort, "disable_telemetry_events"):
             ort.disable_telemetry_events()  # no usage events leave the server
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        if not spin_wait:
-            # Idle workers sleep at once instead of spinning: for cores shared with other processes.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        else:
-            options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
+        options = session_options(threads, spin_wait, spin_wait_us)
         providers = providers or manifest.target.providers
         provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
         self.session = ort.InferenceSession(str(artifact_file(directory, manifest.model.file)), options,

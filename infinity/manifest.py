@@ -85,7 +85,8 @@ class Quantization:
     """How the INT8 graph was made, and why: the recipe, the settings the target chose, what the search did.
 
     Args:
-        mode: "per_token" (one activation scale per row: batch-invariant) or "dynamic" (one per padded batch).
+        activations: "per_token" (one activation scale per row: batch-invariant) or "per_tensor" (one per padded
+            batch, onnxruntime's dynamic quantization).
         weight_bits: 8, or 7 where the target's dot product adds u8 x s8 pairs into int16 (reduce_range).
         weight_bits_why: the target's reason for those bits.
         candidates, kept_float: quantizable nodes, and how many of them parity kept in float.
@@ -101,10 +102,9 @@ class Quantization:
             workers spinning as the server's do by default.
         embedding_tables_int8: word-embedding tables of 64 MiB or more stored as INT8 rows with a scale per row.
     """
-    mode: str
+    activations: str = "per_token"
     weight_type: str = "QInt8"
     activation_type: str = "QUInt8"
-    activations: str = "per_token"
     weight_bits: int = 8
     weight_bits_why: str = ""
     per_channel: bool = True
@@ -142,10 +142,6 @@ class Optimization:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     exported_bytes: int = 0
     notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.quantization, dict):  # the optimizer's record, typed once here
-            self.quantization = conform(Quantization, self.quantization, "optimization.quantization")
 
 
 @dataclass
@@ -193,6 +189,13 @@ class Manifest:
             raise ManifestError(f"manifest schema_version must be the integer {SCHEMA_VERSION}, not {version!r}")
         if version != SCHEMA_VERSION:
             raise ManifestError(f"manifest schema version {version} is not supported (expected {SCHEMA_VERSION})")
+        optimization = data.get("optimization")
+        quantization = optimization.get("quantization") if isinstance(optimization, dict) else None
+        if isinstance(optimization, dict) and isinstance(quantization, dict) and "mode" in quantization:
+            # artifacts built before the record was typed named the activation scheme twice ("mode" and
+            # "activations"); "activations" is the one name now
+            data = {**data, "optimization": {**optimization,
+                                             "quantization": {k: v for k, v in quantization.items() if k != "mode"}}}
         try:
             manifest = conform(cls, data, "")
         except ValueError as exc:

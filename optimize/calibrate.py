@@ -59,14 +59,11 @@ def calibration_inputs(task: str) -> list[TextInput]:
     return for_task(task, CALIBRATION_SINGLES, CALIBRATION_PAIRS)
 
 
-class OnnxRunner:
+class Feeder:
     """Feeds for a graph as the server builds them (its tokenizer.json, padded batches of 8): for calibration."""
 
-    def __init__(self, tokenizer: TextTokenizer, task: str, facts: Any, threads: int = 0) -> None:
+    def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
-        self.task = task
-        self.facts = facts
-        self.threads = threads
 
     def batches(self, inputs: list[TextInput]) -> Iterator[tuple[list[Any], dict[str, np.ndarray]]]:
         """(encodings, feeds for every model input) per padded batch of 8."""

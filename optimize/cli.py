@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if q.smoothing_strengths:
             split += "; smoothing alpha per input: " + ", ".join(
                 f"{alpha} x{count}" for alpha, count in sorted(q.smoothing_strengths.items()))
-        print(f"  recipe {q.mode}, {q.weight_bits}-bit weights ({q.weight_bits_why or 'no reason recorded'}): "
+        print(f"  recipe {q.activations}, {q.weight_bits}-bit weights ({q.weight_bits_why or 'no reason recorded'}): "
               f"quantized {q.candidates - len(opt.kept_float)} of {q.candidates} nodes; {len(opt.kept_float)} kept in "
               f"float for parity{split}")
         if q.latency_ms:

@@ -112,9 +112,11 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
             if self.head is None:
-                return getattr(self.model(**dict(zip(names, tensors))), output)
+                result: torch.Tensor = getattr(self.model(**dict(zip(names, tensors))), output)
+                return result
             hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
-            return self.head(hidden, tensors[names.index("attention_mask")])
+            pooled: torch.Tensor = self.head(hidden, tensors[names.index("attention_mask")])
+            return pooled
 
     # Traced right-padded, as the server pads (a decoder's positions then count from each row's first token).
     padding_side, source.tokenizer.padding_side = source.tokenizer.padding_side, "right"

@@ -61,7 +61,8 @@ def model_bytes(path: Path) -> int:
 def session_source(model: onnx.ModelProto, scratch: Path) -> bytes | str:
     """What onnxruntime.InferenceSession takes for an in-memory model: its bytes, or a file when too large."""
     if weight_bytes(model) <= EXTERNAL_DATA_BYTES:
-        return model.SerializeToString()
+        serialized: bytes = model.SerializeToString()
+        return serialized
     path = Path(scratch) / "session.onnx"
     save_model(model, path)
     return str(path)

@@ -15,15 +15,16 @@ from infinity.manifest import (
     Manifest,
     Optimization,
     Parity,
+    Quantization,
     Source,
     Target,
     TokenizerFile,
     sha256_file,
     write_atomically,
 )
-from infinity.tokenization import TextTokenizer
+from infinity.tokenization import TextInput, TextTokenizer
 from optimize import package
-from optimize.calibrate import OnnxRunner
+from optimize.calibrate import Feeder
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.onnxio import copy_model, model_bytes, save_model
@@ -35,7 +36,7 @@ from optimize.validate.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tunin
 from optimize.validate.latency import latency_table, median_latency_ms
 from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.validate.probes import probe_inputs
-from optimize.validate.reference import torch_reference
+from optimize.validate.reference import Outputs, torch_reference
 from optimize.validate.served import ServedParity, load_candidate, served_parity
 
 Log = Callable[[str], None]
@@ -130,7 +131,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         reference = torch_reference(source, search_inputs)
         heldout_reference = torch_reference(source, heldout)
     tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
-    runner = OnnxRunner(tokenizer, options.task, source.facts, options.threads)
+    feeder = Feeder(tokenizer)
     provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
     if "TensorrtExecutionProvider" in provider_options:
         provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
@@ -149,7 +150,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
                       passed=False))
 
-    def served(path: Path, inputs: list, expected: list, alone: bool = True) -> ServedParity:
+    def served(path: Path, inputs: list[TextInput], expected: Outputs, alone: bool = True) -> ServedParity:
         return served_parity(load_candidate(staging, draft, path, options.threads), inputs, expected, thresholds,
                              alone=alone)
 
@@ -163,7 +164,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
             inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
         return served(path, inputs, expected, alone=not invariant).result
 
-    quantization, kept_float, notes = None, [], [*fusion.gaps, *source_notes(source)]
+    quantization: Quantization | None = None
+    kept_float: list[str] = []
+    notes = [*fusion.gaps, *source_notes(source)]
     if fusion.split_layer_norms:
         notes.append(f"{fusion.split_layer_norms} SkipLayerNormalization nodes written as Add + LayerNormalization: "
                      "onnxruntime's CPU kernels run that faster")
@@ -175,29 +178,29 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 config = dataclasses.replace(config, activations=options.activations)
             if not options.calibrated_scales:
                 config = dataclasses.replace(config, calibrated_roles=())
-            int8 = quantize_int8(fused, final, config, options.task, evaluate, runner, work, log,
+            int8 = quantize_int8(fused, final, config, options.task, evaluate, feeder, work, log,
                                  options.threads, options.keep_float_like)
             quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model
             if kept_float and full_int8 is not None:
-                notes.append(f"{len(kept_float)} of {quantization['candidates']} quantizable nodes kept in float "
+                notes.append(f"{len(kept_float)} of {quantization.candidates} quantizable nodes kept in float "
                              "for parity")
                 # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
                 sequence = min(128, source.max_length)
-                quantization["latency_ms_seq128"] = {
+                quantization.latency_ms_seq128 = {
                     "fp32": median_latency_ms(fused, sequence, options.threads),
                     "full_int8": median_latency_ms(full_int8, sequence, options.threads),
                     "final": median_latency_ms(final, sequence, options.threads)}
-                log(f"  latency at seq 128 (ms): {quantization['latency_ms_seq128']}")
+                log(f"  latency at seq 128 (ms): {quantization.latency_ms_seq128}")
             # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
-            quantization["why"] = preset.why
-            quantization["latency_ms"] = latency_table({"fp32": fused, "final": final}, options.threads,
+            quantization.why = preset.why
+            quantization.latency_ms = latency_table({"fp32": fused, "final": final}, options.threads,
                                                        max_length=source.max_length)
-            quantization["latency_host"] = cpu_name()
+            quantization.latency_host = cpu_name()
             tables = quantize_embedding_tables(final, final)
             if tables:
-                quantization["embedding_tables_int8"] = tables
+                quantization.embedding_tables_int8 = tables
                 notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
-            if len(kept_float) == quantization["candidates"]:
+            if len(kept_float) == quantization.candidates:
                 notes.append("no node could be quantized within the parity thresholds: "
                              "this INT8 artifact runs in float")
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")

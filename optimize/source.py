@@ -39,7 +39,7 @@ class SourceModel:
 
     @property
     def model_type(self) -> str:
-        return self.config.model_type
+        return str(self.config.model_type)
 
 
 def resolve_path(model: str) -> Path:
@@ -60,7 +60,7 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")

@@ -14,7 +14,7 @@ import pytest
 
 from infinity.manifest import Manifest
 from infinity.tokenization import TextTokenizer
-from optimize.calibrate import OnnxRunner, calibrate, calibration_inputs
+from optimize.calibrate import Feeder, calibrate, calibration_inputs
 from optimize.presets import PRESETS
 from optimize.quantize.per_token import per_token_candidates, quantize_per_token
 from optimize.quantize.smoothing import choose_strengths
@@ -64,10 +64,10 @@ def test_every_node_int8_stays_faithful_with_strengths_chosen_per_input(mpnet, h
     config = PRESETS["icelake"].quantization
     assert config is not None and config.smoothing_alphas
     tokenizer = TextTokenizer(fp32 / manifest.tokenizer.file, manifest.tokenizer.max_length, manifest.tokenizer.pad_id)
-    runner = OnnxRunner(tokenizer, TASK, manifest.task)
+    feeder = Feeder(tokenizer)
     nodes = per_token_candidates(graph)
     assert len(nodes) == 72  # 12 layers x (Q, K, V, output, FFN in, FFN out)
-    calibration = calibrate(graph, nodes, (f for _, f in runner.batches(calibration_inputs(TASK))),
+    calibration = calibrate(graph, nodes, (f for _, f in feeder.batches(calibration_inputs(TASK))),
                             samples=True)
     roles = frozenset(config.calibrated_roles)
     strengths = choose_strengths(graph, calibration, config.smoothing_alphas, 8, roles)

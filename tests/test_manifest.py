@@ -31,7 +31,7 @@ def make_manifest(directory):
         tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(directory / "tokenizer.json"),
                                 max_length=128, pad_id=0),
         task=TaskFacts(id2label={0: "NEG", 1: "POS"}, score_activation="softmax"),
-        optimization=Optimization(fusion={"Attention": 2}, quantization=Quantization(mode="per_token")),
+        optimization=Optimization(fusion={"Attention": 2}, quantization=Quantization(activations="per_token")),
         parity=Parity(reference="ref", probe_size=3, metrics={"top1_agreement": 1.0},
                       thresholds={"top1_agreement": 0.99}, passed=True),
     )
@@ -171,18 +171,18 @@ def test_an_earlier_untyped_quantization_record_loads_typed(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     q = Manifest.load(tmp_path).optimization.quantization
     assert isinstance(q, Quantization)
-    assert (q.mode, q.weight_bits, q.reduce_range, q.smoothing["smoothed_inputs"]) == ("per_token", 7, True, 24)
+    assert (q.activations, q.weight_bits, q.reduce_range, q.smoothing["smoothed_inputs"]) == ("per_token", 7, True, 24)
     assert q.weight_bits_why == ""  # not recorded then
 
 
-def test_the_optimizers_record_is_typed_and_an_unknown_key_is_named(tmp_path):
-    record = {**EARLIER_QUANTIZATION, "weight_bits_why": "VPDPBUSD sums in 32 bits"}
-    assert Optimization(quantization=record).quantization == Quantization(**record)
-    with pytest.raises(ValueError, match="optimization.quantization.bits"):
-        Optimization(quantization={**record, "bits": 8})
+def test_an_unknown_or_mistyped_quantization_field_is_named(tmp_path):
     manifest = make_manifest(tmp_path)
     data = manifest.to_dict()
-    data["optimization"]["quantization"]["weight_bits"] = "eight"
+    data["optimization"]["quantization"] = {**EARLIER_QUANTIZATION, "bits": 8}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="optimization.quantization.bits"):
+        Manifest.load(tmp_path)
+    data["optimization"]["quantization"] = {**EARLIER_QUANTIZATION, "weight_bits": "eight"}
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="optimization.quantization.weight_bits must be an integer"):
         Manifest.load(tmp_path)

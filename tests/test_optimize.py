@@ -48,7 +48,7 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
     ops = op_counts(path / "model.onnx")
     if precision == "int8":
         q = manifest.optimization.quantization
-        assert q.mode == "per_token" and q.batch_invariant and "VPDPBUSD" in q.weight_bits_why
+        assert q.activations == "per_token" and q.batch_invariant and "VPDPBUSD" in q.weight_bits_why
         # 8-bit weights only from a VNNI build host, and only where every node quantized within parity
         vnni_host = bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
         assert q.weight_bits == 7 or (q.weight_bits == 8 and vnni_host and not manifest.optimization.kept_float)

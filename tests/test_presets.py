@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from infinity.hostinfo import cpu_name
@@ -37,7 +39,7 @@ def test_unknown_target_names_the_choices():
 def test_cpu_presets_quantize_per_token_with_7_bit_weights_and_say_why(name, kernel):
     q = PRESETS[name].quantization
     assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, 7)
-    assert q.batch_invariant and q.to_dict()["weight_bits"] == 7 and kernel in q.to_dict()["weight_bits_why"]
+    assert q.batch_invariant and q.record().weight_bits == 7 and kernel in q.record().weight_bits_why
 
 
 def test_the_8_bit_alternative_is_named_for_vnni():
@@ -52,8 +54,8 @@ def test_only_vnni_targets_try_8_bit_weights_and_the_record_stays_typed(name):
     q = PRESETS[name].quantization
     vnni = "avx512_vnni" in PRESETS[name].required_cpu_flags
     assert bool(q.wide_weights_flags) == vnni and set(q.wide_weights_flags) <= {"avx512_vnni", "avx_vnni"}
-    record = conform(Quantization, {**q.to_dict(), "mode": q.activations}, "quantization")
-    assert record.weight_bits == 7
+    record = conform(Quantization, dataclasses.asdict(q.record()), "quantization")
+    assert record == q.record() and record.weight_bits == 7 and record.activations == "per_token"
 
 
 def test_per_token_needs_signed_per_channel_weights():

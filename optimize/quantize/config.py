@@ -1,8 +1,9 @@
 """The INT8 settings: one typed, checked definition, written into the manifest as the recipe's record."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+from infinity.manifest import Quantization
 
 WEIGHT_TYPES = ("QInt8", "QUInt8")
 
@@ -60,16 +61,13 @@ class QuantizationConfig:
     def batch_invariant(self) -> bool:
         return self.activations == "per_token"
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        # choices at build time: the record says the bits and the calibrated roles chosen
-        del data["wide_weights_flags"]
-        data["calibrated_roles"] = []
-        data["op_types"] = list(self.op_types)
-        data["smoothing_alphas"] = list(self.smoothing_alphas)
-        data["activation_type"] = "QUInt8"
-        data["weight_bits"] = self.weight_bits
-        return data
+    def record(self) -> Quantization:
+        """The manifest's record of these settings, before the build's choices (bits, calibrated roles) fill it."""
+        return Quantization(
+            activations=self.activations, weight_type=self.weight_type, per_channel=self.per_channel,
+            reduce_range=self.reduce_range, weight_bits=self.weight_bits, weight_bits_why=self.weight_bits_why,
+            op_types=list(self.op_types), split_outliers=self.split_outliers, smoothing_alpha=self.smoothing_alpha,
+            smoothing_alphas=list(self.smoothing_alphas), batch_invariant=self.batch_invariant)
 
 
 VNNI_WIDE_WEIGHTS = ("8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits, and every node quantized within "

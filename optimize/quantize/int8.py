@@ -3,7 +3,7 @@ per-tensor dynamic, plain or with outlier channels split off."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 
 from infinity.hostinfo import cpu_flags
-from infinity.manifest import Manifest
-from optimize.calibrate import OnnxRunner, activation_ranges, calibrate, calibration_inputs
+from infinity.manifest import Manifest, Quantization
+from optimize.calibrate import Feeder, activation_ranges, calibrate, calibration_inputs
 from optimize.onnxio import copy_model
 from optimize.quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
@@ -27,7 +27,7 @@ Log = Callable[[str], None]
 
 @dataclass
 class Int8Result:
-    record: dict[str, Any]
+    record: Quantization
     kept_float: list[str]
     full_int8_model: Path | None  # every candidate quantized, when some node was kept float
 
@@ -48,14 +48,14 @@ def float_weight_params(model_path: Path, nodes: list[str]) -> int:
 
 
 def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate,
-                  runner: OnnxRunner, work: Path, log: Log, threads: int = 0,
+                  feeder: Feeder, work: Path, log: Log, threads: int = 0,
                   keep_float_like: Path | None = None) -> Int8Result:
     """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
     quantizes everything, on the plain graph too, keeping whichever leaves fewer weights in float."""
     if config.activations == "per_token":
-        return _per_token(src, dst, config, task, evaluate, runner, work, log, threads, keep_float_like)
+        return _per_token(src, dst, config, task, evaluate, feeder, work, log, threads, keep_float_like)
     if keep_float_like is not None:
-        return _carry(src, dst, config, task, runner, work, log, threads, keep_float_like)
+        return _carry(src, dst, config, task, feeder, work, log, threads, keep_float_like)
     if not config.split_outliers:
         return _search(_Graph(src, [], {"applied": False, "reason": "disabled in the preset"}), dst, config,
                        evaluate, work / "plain", log)
@@ -64,7 +64,7 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
     if evaluate(plain_int8).passed:
         return _search(_Graph(src, [], {"applied": False, "reason": "full INT8 passed without it"}), dst, config,
                        evaluate, work / "plain", log, plain_int8)
-    split = _split(src, work / "split.onnx", config, task, runner, log, threads)
+    split = _split(src, work / "split.onnx", config, task, feeder, log, threads)
     with_split = _search(split, work / "split" / "final.onnx", config, evaluate, work / "split", log)
     chosen = with_split
     if with_split.kept_float:
@@ -76,17 +76,17 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
                  "plain": float_weight_params(src, without.kept_float)}
         if costs["plain"] < costs["split"]:
             chosen = without
-        chosen.record["float_weight_params"] = costs
+        chosen.record.float_weight_params = costs
         log(f"  weights kept in float: {costs['split']:,} with the split, {costs['plain']:,} without")
     copy_model(work / ("split" if chosen is with_split else "plain") / "final.onnx", dst)
     return chosen
 
 
-def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, log: Log,
+def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, feeder: Feeder, log: Log,
            threads: int, limits: OutlierLimits | None = None) -> _Graph:
     calibration = calibration_inputs(task)
     nodes = quantizable_nodes(src, config)
-    ranges = activation_ranges(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads)
+    ranges = activation_ranges(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads)
     split = split_outliers(src, dst, ranges, None if limits is None else limits.for_nodes(nodes))
     record = {**split.to_dict(), "calibration_inputs": len(calibration), "applied": True}
     log(f"  outliers: {record['channels']} input channels of {record['nodes']} MatMuls kept in float, "
@@ -99,19 +99,18 @@ def _search(graph: _Graph, dst: Path, config: QuantizationConfig, evaluate: Eval
             log: Log, full_model: Path | None = None) -> Int8Result:
     scratch.mkdir(exist_ok=True)
     result = accuracy_aware_quantize(graph.path, dst, config, evaluate, scratch, log, graph.float_nodes, full_model)
-    record = {**config.to_dict(), "mode": "dynamic", "candidates": result.candidates,
-              "kept_float": len(result.kept_float), "trials": result.trials, "full_int8_metrics": result.full_int8,
-              "outliers": graph.outliers}
+    record = replace(config.record(), candidates=result.candidates, kept_float=len(result.kept_float),
+                     trials=result.trials, full_int8_metrics=result.full_int8, outliers=graph.outliers)
     return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
 
 
-def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: OnnxRunner, work: Path,
+def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, feeder: Feeder, work: Path,
            log: Log, threads: int, artifact: Path) -> Int8Result:
     """Another artifact's recipe on this model: its outlier channel counts and float-kept roles, no search."""
     graph = _Graph(src, [], {"applied": False, "reason": f"not applied in {artifact}"})
     limits = outlier_limits(artifact)
     if limits is not None:
-        graph = _split(src, work / "split.onnx", config, task, runner, log, threads, limits)
+        graph = _split(src, work / "split.onnx", config, task, feeder, log, threads, limits)
     side_paths = set(graph.float_nodes)
     candidates = [name for name in quantizable_nodes(graph.path, config) if name not in side_paths]
     kept_float = nodes_for_roles(candidates, kept_roles(artifact))
@@ -121,12 +120,12 @@ def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, runner: 
         full_int8 = work / "full_int8.onnx"
         quantize(graph.path, full_int8, config, exclude=graph.float_nodes)
     log(f"  recipe from {artifact}: {len(kept_float)} of {len(candidates)} nodes kept in float")
-    record = {**config.to_dict(), "mode": "dynamic", "candidates": len(candidates), "kept_float": len(kept_float),
-              "recipe_from": str(artifact), "outliers": graph.outliers}
+    record = replace(config.record(), candidates=len(candidates), kept_float=len(kept_float),
+                     recipe_from=str(artifact), outliers=graph.outliers)
     return Int8Result(record, kept_float, full_int8)
 
 
-def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate, runner: OnnxRunner,
+def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate, feeder: Feeder,
                work: Path, log: Log, threads: int, keep_float_like: Path | None) -> Int8Result:
     """Per-token INT8 with smoothing calibrated apart from the probes. With 8-bit weights (on a VNNI build host, or
     a target that asks for 8), the fastest whole graph that passes parity is kept: calibrated scales for the roles
@@ -134,7 +133,7 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     carried artifact kept them)."""
     calibration = calibration_inputs(task)
     nodes = per_token_candidates(src)
-    calibrated = calibrate(src, nodes, (feeds for _, feeds in runner.batches(calibration)), threads,
+    calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
                            samples=bool(config.smoothing_alphas))
     bounds = calibrated.bounds
     strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
@@ -156,14 +155,15 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     scratch.mkdir(exist_ok=True)
     # 8-bit weights only where the build host's kernels sum u8 x s8 in 32 bits, as the target's do
     wide = config.weight_bits < 8 and bool(set(config.wide_weights_flags) & cpu_flags())
-    record: dict[str, Any] = {**config.to_dict(), "mode": "per_token", "batch_invariant": True,
-                              "calibration_inputs": len(calibration),
-                              "outliers": {"applied": False, "reason": "per-token recipe: outlier channels are "
-                                                                        "smoothed into the weights"}}
+    record = replace(config.record(), calibration_inputs=len(calibration),
+                     outliers={"applied": False, "reason": "per-token recipe: outlier channels are smoothed into the "
+                                                           "weights"})
 
-    def bits_record(bits: int) -> dict[str, Any]:
-        return {"weight_bits": bits, "reduce_range": bits == 7,
-                "weight_bits_why": VNNI_WIDE_WEIGHTS if bits > config.weight_bits else config.weight_bits_why}
+    def chosen(bits: int, roles: tuple[str, ...], **counts: Any) -> Quantization:
+        smoothing = last[0]
+        return replace(record, weight_bits=bits, reduce_range=bits == 7, calibrated_roles=list(roles),
+                       weight_bits_why=VNNI_WIDE_WEIGHTS if bits > config.weight_bits else config.weight_bits_why,
+                       smoothing=smoothing.to_dict(), smoothing_strengths=smoothing.strengths, **counts)
 
     if keep_float_like is not None:
         kept = nodes_for_roles(nodes, kept_roles(keep_float_like))
@@ -175,10 +175,9 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
             full_int8 = scratch / "full_int8.onnx"
             write(full_int8, [], bits, roles)
         write(dst, kept, bits, roles)
-        record.update(candidates=len(nodes), kept_float=len(kept), recipe_from=str(keep_float_like),
-                      **_smoothing(last[0]), calibrated_roles=list(roles), **bits_record(bits))
         log(f"  per-token recipe from {keep_float_like}: {len(kept)} of {len(nodes)} nodes kept in float")
-        return Int8Result(record, kept, full_int8)
+        return Int8Result(chosen(bits, roles, candidates=len(nodes), kept_float=len(kept),
+                                 recipe_from=str(keep_float_like)), kept, full_int8)
     # Whole graphs with 8-bit weights, fastest first. Calibrated scales only with 8 bits: with 7 they cost more
     # fidelity than their speed is worth (MiniLM held-out cosine_min 0.9916 against 0.9936 with a scale per row).
     whole_graphs: list[tuple[str, ...]] = []
@@ -194,19 +193,14 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
                                     else "a scale per row for every input")
         if checked.passed:
             copy_model(candidate, dst)
-            record.update(candidates=len(nodes), kept_float=0, trials=trials, full_int8_metrics=checked.metrics,
-                          **_smoothing(last[0]), calibrated_roles=list(roles), **bits_record(8))
             log(f"  per-token INT8 ({what}): {len(nodes)} of {len(nodes)} nodes, "
-                f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
-            return Int8Result(record, [], None)
+                f"{last[0].smoothed_inputs} inputs smoothed")
+            return Int8Result(chosen(8, roles, candidates=len(nodes), trials=trials,
+                                     full_int8_metrics=checked.metrics), [], None)
         log(f"  {what}: misses parity with every node INT8 ({'; '.join(checked.failures)})")
     result = keep_fewest_float(nodes, write, dst, evaluate, scratch, log)
-    record.update(candidates=result.candidates, kept_float=len(result.kept_float), trials=trials + result.trials,
-                  full_int8_metrics=result.full_int8, **_smoothing(last[0]), calibrated_roles=[])
     log(f"  per-token INT8: {result.candidates - len(result.kept_float)} of {result.candidates} nodes, "
-        f"{record['smoothing']['smoothed_inputs']} inputs smoothed")
-    return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
-
-
-def _smoothing(record: PerTokenRecord) -> dict[str, Any]:
-    return {"smoothing": record.to_dict(), "smoothing_strengths": record.strengths}
+        f"{last[0].smoothed_inputs} inputs smoothed")
+    return Int8Result(chosen(config.weight_bits, (), candidates=result.candidates, kept_float=len(result.kept_float),
+                             trials=trials + result.trials, full_int8_metrics=result.full_int8),
+                      result.kept_float, result.full_int8_model if result.kept_float else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,7 +32,7 @@ class OutlierSplit:
     float_nodes: list[str] = field(default_factory=list)    # the float side paths, never to be quantized
     smoothed: list[str] = field(default_factory=list)       # Attention nodes whose input was smoothed
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ratio": RATIO, "max_channels": MAX_CHANNELS, "nodes": len(self.channels),
                 "channels": sum(self.channels.values()), "per_node": dict(self.channels),
                 "smoothing_alpha": ALPHA, "smoothed": list(self.smoothed)}

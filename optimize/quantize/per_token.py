@@ -57,7 +57,7 @@ class PerTokenRecord:
         key = "none" if alpha is None else f"{alpha:g}"
         self.strengths[key] = self.strengths.get(key, 0) + 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int]:
         return {"quantized": len(self.quantized), "smoothed_inputs": self.smoothed_inputs,
                 "smoothing_folded_into_weights": self.smoothing_folded, "one_sided_gelu_inputs": self.one_sided,
                 "calibrated_inputs": self.calibrated}
@@ -94,7 +94,8 @@ def _weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.
 def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) -> np.ndarray:
     """s = range_x^alpha / range_w^(1 - alpha), with no overall gain (geometric mean 1)."""
     scale = np.maximum(peak, 1e-5) ** alpha / np.maximum(weight_peak, 1e-5) ** (1 - alpha)
-    return (scale / np.exp(np.log(scale).mean())).astype(np.float32)
+    scale = scale / np.exp(np.log(scale).mean())
+    return scale.astype(np.float32)
 
 
 def input_role(tensor: str, producer: onnx.NodeProto | None) -> str:

@@ -11,21 +11,16 @@ import numpy as np
 from infinity.settings import SPIN_WAIT_US
 
 
-def cpu_session(model: Path | bytes, threads: int = 0, spin_wait: bool = True, spin_wait_us: int | None = None) -> Any:
+def cpu_session(model: Path | bytes, threads: int = 0, spin_wait: bool = True,
+                spin_wait_us: int = SPIN_WAIT_US) -> Any:
     """A graph (a file, or serialized) loaded as the server loads it; `spin_wait_us`: how long idle workers
-    busy-wait, as the server's --spin-wait-us (None: onnxruntime's own)."""
+    busy-wait, as the server's --spin-wait-us."""
     import onnxruntime as ort
 
-    from infinity.engine import DISABLED_OPTIMIZERS
+    from infinity.engine import DISABLED_OPTIMIZERS, session_options
 
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    if not spin_wait:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    elif spin_wait_us is not None:
-        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_wait_us))
-    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model),
+                                session_options(threads, spin_wait, spin_wait_us),
                                 providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
@@ -45,7 +40,7 @@ def median_ms(session: Any, sequence: int = 128, batch: int = 1, runs: int = 15)
 
 
 def median_latency_ms(model_path: Path, sequence: int = 128, threads: int = 0) -> float:
-    return median_ms(cpu_session(model_path, threads, spin_wait_us=SPIN_WAIT_US), sequence)
+    return median_ms(cpu_session(model_path, threads), sequence)
 
 
 SHAPES = {"b1_seq8": (1, 8), "b1_seq64": (1, 64), "b1_seq256": (1, 256), "b8_seq64": (8, 64)}
@@ -56,7 +51,7 @@ def latency_table(model_paths: dict[str, Path], threads: int = 0, rounds: int = 
     """Median ms per shape (those within the model's `max_length`) for each model, the models taking turns so
     drift lands on all of them; idle workers spin as long as the server's do by default."""
     shapes = {name: shape for name, shape in SHAPES.items() if max_length is None or shape[1] <= max_length}
-    sessions = {name: cpu_session(path, threads, spin_wait_us=SPIN_WAIT_US) for name, path in model_paths.items()}
+    sessions = {name: cpu_session(path, threads) for name, path in model_paths.items()}
     samples: dict[str, dict[str, list[float]]] = {name: {shape: [] for shape in shapes} for name in sessions}
     for _ in range(rounds):
         for name, session in sessions.items():

@@ -16,7 +16,8 @@ def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
     """Sizes of the runs of consecutive pairs that share a query: each run is ranked on its own."""
     sizes: list[int] = []
     previous = None
-    for query, _ in inputs:
+    for pair in inputs:
+        query = pair[0] if isinstance(pair, tuple) else pair
         if query == previous:
             sizes[-1] += 1
         else:
@@ -47,10 +48,10 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
     for indices in (singles, pairs):
         for start in range(0, len(indices), 8):
             chunk = indices[start:start + 8]
-            if indices is pairs:
-                args = ([inputs[i][0] for i in chunk], [inputs[i][1] for i in chunk])
-            else:
-                args = ([inputs[i] for i in chunk],)
+            texts = [inputs[i] for i in chunk]
+            args: tuple[list[str], ...] = (
+                ([t[0] for t in texts if isinstance(t, tuple)], [t[1] for t in texts if isinstance(t, tuple)])
+                if indices is pairs else ([t for t in texts if isinstance(t, str)],))
             enc = source.tokenizer(*args, padding=True, truncation=True, max_length=source.max_length,
                                    return_tensors="pt")
             with torch.no_grad():
@@ -76,7 +77,8 @@ def sentence_transformer(source: SourceModel) -> Any:
         return SentenceTransformer(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from sentence_transformers.models import Pooling, Transformer
+        # sentence-transformers 3 to 5 name them only here
+        from sentence_transformers.models import Pooling, Transformer  # type: ignore[import-not-found]
     backbone = Transformer(str(source.path), max_seq_length=source.max_length,
                            model_args={"trust_remote_code": source.trust_remote_code},
                            config_args={"trust_remote_code": source.trust_remote_code})

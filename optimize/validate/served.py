@@ -13,6 +13,7 @@ from typing import cast
 
 import numpy as np
 
+from infinity.batcher import overfull
 from infinity.engine import Engine
 from infinity.manifest import Manifest
 from infinity.model import LoadedModel
@@ -108,7 +109,7 @@ def mixed_batches(lengths: list[int], settings: Settings) -> list[list[int]]:
     current: list[int] = []
     for i in order:
         rows, longest = len(current) + 1, max([lengths[j] for j in current] + [lengths[i]])
-        if current and (rows > settings.max_batch_size or rows * longest > settings.max_batch_tokens):
+        if current and overfull(rows, longest, settings.max_batch_size, settings.max_batch_tokens):
             batches.append(current)
             current = []
         current.append(i)
@@ -131,7 +132,7 @@ def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Output
     task = model.manifest.source.task
     outputs = run_served(model, inputs, settings, alone)
     groups = ranking_group_sizes(inputs) if task == "ranking" else None
-    alone = compare(task, reference, outputs.alone, groups, thresholds)
+    single = compare(task, reference, outputs.alone, groups, thresholds)
     batched = compare(task, reference, outputs.batched, groups, thresholds)
     invariance = {**batch_invariance(task, outputs.alone, outputs.batched), "largest_batch": float(outputs.batch_rows)}
-    return ServedParity(worst(alone, batched), {"alone": alone.metrics, "batched": batched.metrics}, invariance)
+    return ServedParity(worst(single, batched), {"alone": single.metrics, "batched": batched.metrics}, invariance)
