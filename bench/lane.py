@@ -1,11 +1,14 @@
-"""The connection's lane against the usual ASGI path, in the same run, with API keys on as deployed.
+"""Two servers on the same artifact and cores, in the same run.
 
-    python -m bench.lane <artifact dir> [--rounds 8] [--seconds 2] [--threads 2]
+    python -m bench.lane <artifact dir> [--compare paths|options] [--concurrency 1 16 64] [--rounds 8]
+                         [--seconds 2] [--threads 2]
 
-Two servers on the same artifact and cores, both with an API key: `infinity serve` as it is, and the same
-server with its protocol built without the lane (every request through the parser, an ASGI task and the
-Starlette stack). Per round and concurrency (1, 16, 64; one 8-token text per request, keep-alive clients), the
-two take turns; the report gives median req/s and p99 per server and the lane/usual ratio per round.
+`paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
+protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
+`options`: `infinity serve` with JSON logs, OTLP traces (to a collector in this process that takes every export)
+and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("off"). Per round and concurrency
+(one 9-token text per request, keep-alive clients), the servers take turns; the report gives median req/s and p99
+per server, and each server's ratio to the last one ("usual", "off") per round.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import argparse
 import asyncio
 import statistics
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.loadgen import closed_loop
@@ -25,13 +30,46 @@ WITHOUT_LANE = ("import sys, infinity.http.server as server; server.lane_protoco
 CONCURRENCY = (1, 16, 64)
 
 
-def start(artifact: Path, threads: int, lane: bool) -> Server:
+def start(artifact: Path, threads: int, lane: bool, *options: str) -> Server:
     port = free_port()
     entry = ["-m", "infinity"] if lane else ["-c", WITHOUT_LANE]
     server = Server([sys.executable, *entry, "serve", str(artifact), "--port", str(port), "--threads", str(threads),
-                     "--api-key", KEY], port)
+                     *options], port)
     server.wait_ready()
     return server
+
+
+class Collector(ThreadingHTTPServer):
+    """An OTLP/HTTP endpoint that takes every export, as a collector beside the server would."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Accept)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Accept(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def servers_for(compare: str, artifact: Path, threads: int, collector: Collector) -> dict[str, Server]:
+    if compare == "paths":
+        return {"lane": start(artifact, threads, True, "--api-key", KEY),
+                "usual": start(artifact, threads, False, "--api-key", KEY)}
+    options = {"json": ("--json-logs",), "otlp": ("--otlp-endpoint", collector.url), "key": ("--api-key", KEY)}
+    return {"on": start(artifact, threads, True, *(arg for each in options.values() for arg in each)),
+            **{name: start(artifact, threads, True, *each) for name, each in options.items()},
+            "off": start(artifact, threads, True)}
 
 
 def measure(port: int, concurrency: int, seconds: float) -> dict:
@@ -45,39 +83,48 @@ def measure(port: int, concurrency: int, seconds: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path)
+    parser.add_argument("--compare", choices=("paths", "options"), default="paths")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    servers = {"lane": start(args.artifact, args.threads, True), "usual": start(args.artifact, args.threads, False)}
+    collector = Collector()
+    servers = servers_for(args.compare, args.artifact, args.threads, collector)
+    *others, baseline = servers
+    levels = args.concurrency
     try:
         for server in servers.values():
             measure(server.port, 16, 1.0)  # warm
-        rows: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in servers for c in CONCURRENCY}
+        rows: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in servers for c in levels}
         for round_ in range(args.rounds):
             order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-            for concurrency in CONCURRENCY:
+            for concurrency in levels:
                 for name in order:
                     rows[(name, concurrency)].append(measure(servers[name].port, concurrency, args.seconds))
     finally:
         for server in servers.values():
             server.stop()
+        collector.shutdown()
 
     def median(name: str, concurrency: int, field: str) -> float:
         return statistics.median(row[field] for row in rows[(name, concurrency)])
 
-    print(f"{args.rounds} rounds of {args.seconds:g} s per cell, API keys on, one 9-token text per request")
-    print("| path | " + " | ".join(f"c{c} req/s | c{c} p99 ms" for c in CONCURRENCY) + " |")
-    print("|---|" + "---|---|" * len(CONCURRENCY))
+    print(f"{args.rounds} rounds of {args.seconds:g} s per cell, one 9-token text per request, "
+          f"{'API keys on' if args.compare == 'paths' else 'JSON logs, OTLP traces and an API key on, alone, or off'}")
+    print("| server | " + " | ".join(f"c{c} req/s | c{c} p99 ms" for c in levels) + " |")
+    print("|---|" + "---|---|" * len(levels))
     for name in servers:
         cells = " | ".join(f"{median(name, c, 'throughput_rps'):.0f} | {median(name, c, 'p99_ms'):.2f}"
-                           for c in CONCURRENCY)
+                           for c in levels)
         print(f"| {name} | {cells} |")
-    for c in CONCURRENCY:
-        ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in zip(rows[("lane", c)], rows[("usual", c)])]
-        p99 = [a["p99_ms"] / b["p99_ms"] for a, b in zip(rows[("lane", c)], rows[("usual", c)])]
-        print(f"c{c}: lane/usual req/s per round {', '.join(f'{r:.2f}' for r in ratios)}; "
-              f"median {statistics.median(ratios):.2f}; p99 lane/usual median {statistics.median(p99):.2f}")
+    for name in others:
+        for c in levels:
+            pairs = list(zip(rows[(name, c)], rows[(baseline, c)]))
+            ratios = [a["throughput_rps"] / b["throughput_rps"] for a, b in pairs]
+            p99 = [a["p99_ms"] / b["p99_ms"] for a, b in pairs]
+            print(f"c{c}: {name}/{baseline} req/s per round {', '.join(f'{r:.2f}' for r in ratios)}; "
+                  f"median {statistics.median(ratios):.2f}; p99 {name}/{baseline} median {statistics.median(p99):.2f}")
     return 0
 
 

@@ -20,6 +20,8 @@ from infinity.api.hf import HF
 from infinity.api.ops import served_name, version
 from infinity.auth import ApiKeys
 from infinity.core import Core
+from infinity.errors import ErrorType
+from infinity.observe import Observed
 from infinity.service import Service
 
 log = logging.getLogger("infinity.app")
@@ -31,10 +33,10 @@ class State(TypedDict):
 
 async def http_error(request: HTTPRequest, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
-    error_type = {404: "not_found", 405: "method_not_allowed"}.get(status, "http")
+    kind = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED}.get(status, ErrorType.HTTP)
     detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
     headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else None
-    return HF.failure(status, str(detail), error_type, headers)
+    return HF.failure(kind, str(detail), headers, status=status)
 
 
 class LastResort:
@@ -61,7 +63,7 @@ class LastResort:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             self.failed(scope.get("path", ""))
             if not started:
-                await HF.failure(500, "internal server error", "internal")(scope, receive, send)
+                await HF.failure(ErrorType.INTERNAL, "internal server error")(scope, receive, send)
 
 
 def _view(endpoint: Endpoint) -> View:
@@ -90,9 +92,10 @@ def create_app(core: Core) -> Starlette:
     routes = [Route(e.path, _view(e), methods=[e.method]) for e in core.routes]
     guarded = {e.path: e.family for e in core.routes if e.protected}
     def failed(path: str) -> None:
-        service.metrics.failed(core.route_label(path), "internal", 500)
+        service.metrics.failed(core.route_label(path), ErrorType.INTERNAL)
 
-    middleware = [Middleware(LastResort, failed=failed), Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
+    middleware = [Middleware(Observed, observers=core.observers), Middleware(LastResort, failed=failed),
+                  Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})
     app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow

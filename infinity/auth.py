@@ -9,6 +9,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity.api.endpoint import Family
+from infinity.errors import ErrorType
 
 log = logging.getLogger("infinity.auth")
 
@@ -45,7 +46,8 @@ class ApiKeys:
             return
         state = scope.get("state") or {}
         if "service" in state:
-            state["service"].metrics.failed(scope["path"], "unauthorized", 401)
-        response = family.failure(401, "a valid API key is required: send Authorization: Bearer <key>",
-                                  "unauthorized", headers={"WWW-Authenticate": 'Bearer realm="infinity"'})
+            state["service"].metrics.failed(scope["path"], ErrorType.UNAUTHORIZED)
+        response = family.failure(ErrorType.UNAUTHORIZED,
+                                  "a valid API key is required: send Authorization: Bearer <key>",
+                                  headers={"WWW-Authenticate": 'Bearer realm="infinity"'})
         await response(scope, receive, send)

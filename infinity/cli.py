@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from starlette.types import ASGIApp
-
 from infinity import logs
 from infinity.hostinfo import physical_cores
 from infinity.preflight import StartupError, check, open_checked
@@ -33,49 +31,6 @@ SAGEMAKER_TIMEOUT_S = 60.0  # ... and how long it waits for the container's answ
 VERTEX_PAYLOAD_BYTES = 1_572_864  # Vertex AI's 1.5 MB online prediction limit
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-HELP = {
-    "host": "address to bind",
-    "port": "port to bind",
-    "threads": "ONNX Runtime intra-op threads (default: physical cores)",
-    "spin_wait": "let ONNX Runtime's workers busy-wait briefly for more work before they sleep (lower latency on "
-                 "dedicated cores; turn off where the cores are shared, e.g. a sidecar)",
-    "spin_wait_us": "microseconds a worker busy-waits before it sleeps, with --spin-wait",
-    "lone_request_tokens": "while requests come one at a time, one of at most this many padded tokens (rows x "
-                           "longest input) runs on the event loop instead of the engine thread, saving two thread "
-                           "wake-ups; 0: never",
-    "max_batch_tokens": "padded tokens (rows x longest input) per batch",
-    "max_batch_size": "rows per batch",
-    "max_queue": "requests waiting for the engine before new ones get 429",
-    "max_inputs_per_request": "texts in one request (at most max_batch_size)",
-    "max_payload_bytes": "request body limit in bytes",
-    "tokenizer_workers": "threads that tokenize and post-process",
-    "drain_timeout": "seconds to finish in-flight requests after SIGTERM",
-    "retry_after": "seconds sent in Retry-After with 429; the refused connection is not read again before then",
-    "max_header_bytes": "request line and headers in bytes; more is answered 431 without being parsed",
-    "max_connections": "open client connections; more are answered 503 and closed (lowered to fit the open-file limit)",
-    "header_timeout": "seconds for a request's headers to arrive; later: 408 and close",
-    "body_timeout": "seconds for a request's body to arrive once its headers have; later: 408 and close",
-    "keep_alive_timeout": "seconds an idle connection stays open between requests",
-    "allow_cpu_mismatch": "serve although this CPU lacks the target's required flags",
-    "allow_failed_parity": "serve an artifact whose parity check failed",
-    "log_level": "debug, info, warning or error",
-    "access_log": "log every request",
-    "public_metadata": "serve /info, /metrics, /openapi.json, /v1/models and KServe's /v2 metadata without an API key "
-                       "(health probes never need one)",
-    "json_logs": "log one JSON object per line, and one line per request with its x-request-id, route, status "
-                 "and timings",
-    "otlp_endpoint": "export a trace span per request to this OTLP/HTTP collector, e.g. http://collector:4318 "
-                     "(needs the otel extra; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
-                     "set it too)",
-    "request_timeout": "seconds an inference request may take before it is answered 504; 0: no limit "
-                       f"({SAGEMAKER_TIMEOUT_S:g} under SageMaker)",
-    "vertex_predict_route": "route of Vertex AI's predict requests (Vertex sets AIP_PREDICT_ROUTE)",
-    "vertex_health_route": "route of Vertex AI's health checks (Vertex sets AIP_HEALTH_ROUTE)",
-    "served_model_name": "the model's name in /v1/models, /info and every answer (default: its hub id from the "
-                         "manifest, else the directory name it was optimized from)",
-    "default_prompt_name": "the model's prompt put before texts of requests that name none (default: the model's "
-                           "own default prompt, if any)",
-}
 
 
 def _kind(field: dataclasses.Field[Any]) -> type:
@@ -131,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     for field in _scalar_fields():
         flag = "--" + field.name.replace("_", "-")
         env = ENV_PREFIX + field.name.upper()
-        help = f"{HELP[field.name]} [env {env}, default {field.default}]"
+        help = f"{field.metadata['help']} [env {env}, default {field.default}]"
         if _kind(field) is bool:
             serve.add_argument(flag, dest=field.name, action="store_const", const="true", default=None, help=help)
             serve.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const="false",
@@ -211,17 +166,6 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     return artifact
 
 
-def per_request(app: ASGIApp, settings: Settings) -> ASGIApp:
-    """The app inside what the settings add to every request (each needs the ASGI path); the app itself if none."""
-    if settings.otlp_endpoint:
-        from infinity.tracing import Tracing
-
-        app = Tracing(app, settings.otlp_endpoint)
-    if settings.json_logs:
-        app = logs.RequestLog(app)
-    return app
-
-
 def serve(directory: Path, settings: Settings) -> int:
     from infinity.app import create_app
     from infinity.core import Core
@@ -234,9 +178,7 @@ def serve(directory: Path, settings: Settings) -> int:
     sock = bind(settings.host, settings.port)
     try:
         core = Core.build(open_checked(directory, settings, threads), settings)
-        app = create_app(core)
-        outer = per_request(app, settings)  # request logs and traces wrap the app: requests then take its path
-        return run(outer, settings, sock, core.gate(), core.lane() if outer is app else None)
+        return run(create_app(core), settings, sock, core.gate(), core.lane())
     finally:
         sock.close()
 

@@ -14,12 +14,13 @@ from infinity import api
 from infinity.api.endpoint import Endpoint, Family, closed, failure, respond
 from infinity.api.hf import HF
 from infinity.auth import matches, presented_key
-from infinity.errors import InfinityError
+from infinity.errors import ErrorType, InfinityError
 from infinity.http.heads import canned, header
 from infinity.http.lane import Lane
 from infinity.http.protocol import Gate
 from infinity.model import LoadedModel
-from infinity.service import Place, Service
+from infinity.observe import Observers
+from infinity.service import Permit, Service
 from infinity.settings import Settings
 
 log = logging.getLogger("infinity.core")
@@ -31,12 +32,14 @@ class Core:
     served: list[Endpoint]  # the routes this artifact serves, in the order the OpenAPI document lists them
     routes: list[Endpoint]  # ... and the other tasks' routes, which answer 404 saying why
     keys: tuple[bytes, ...]
+    observers: Observers  # request ids, request log lines and spans, for every request on either path
 
     @classmethod
     def build(cls, model: LoadedModel, settings: Settings) -> Core:
         served = api.endpoints(model, settings)
         routes = served + api.elsewhere(served, model.task.name)
-        return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys))
+        return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys),
+                   Observers.from_settings(settings))
 
     @cached_property  # read on every lane request: built once
     def inference(self) -> dict[str, Endpoint]:
@@ -51,22 +54,22 @@ class Core:
 
     # what the lane calls
 
-    def admit(self, path: str) -> Place | Response:
+    def admit(self, path: str) -> Permit | Response:
         try:
             return self.service.admit()
         except InfinityError as exc:
             return failure(self.inference[path], self.service, exc)
 
-    async def serve(self, path: str, body: bytes, place: Place, gone: Callable[[], bool]) -> Response:
+    async def serve(self, path: str, body: bytes, permit: Permit, gone: Callable[[], bool]) -> Response:
         async def read() -> bytes:
             return body
 
         try:
-            return await respond(self.inference[path], self.service, read, gone=gone, place=place)
+            return await respond(self.inference[path], self.service, read, gone=gone, permit=permit)
         except Exception:
             log.exception("unhandled error on POST %s", path)
-            self.service.metrics.failed(path, "internal", 500)
-            return HF.failure(500, "internal server error", "internal")
+            self.service.metrics.failed(path, ErrorType.INTERNAL)
+            return HF.failure(ErrorType.INTERNAL, "internal server error")
 
     def closed(self, path: str) -> None:
         closed(self.inference[path], self.service)
@@ -84,15 +87,12 @@ class Core:
 
         return matches(presented_key(value), self.keys)
 
-    def error(self, path: bytes, status: int, message: str, error_type: str) -> tuple[int, dict[str, Any]]:
-        family = self.family(path.decode("latin-1"))
-        status = family.status(status)
-        return status, family.error(status, message, error_type)
+    def error(self, path: bytes, kind: ErrorType, message: str, status: int | None) -> tuple[int, dict[str, Any]]:
+        return self.family(path.decode("latin-1")).error(kind, message, status)
 
     def refusal(self, endpoint: Endpoint) -> bytes:
         """The whole 429 of one route, in its family's error shape, for refusals made on the socket."""
-        status = endpoint.family.status(429)
-        body = endpoint.family.error(status, "the server is at capacity; retry later", "overloaded")
+        status, body = endpoint.family.error(ErrorType.OVERLOADED, "the server is at capacity; retry later")
         return canned(status, body, f"retry-after: {self.service.settings.retry_after}\r\n", close=False)
 
     def gate(self) -> Gate:
@@ -105,4 +105,4 @@ class Core:
     def lane(self) -> Lane:
         settings = self.service.settings
         return Lane({f"POST {path} ".encode(): path for path in self.inference}, settings.max_payload_bytes, self,
-                    access_log=settings.access_log)
+                    self.observers, access_log=settings.access_log)

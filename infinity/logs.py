@@ -1,16 +1,12 @@
-"""Structured logs: one JSON object per line (time, level, logger, message and a record's extra fields), and a
-line per request with its request id (the caller's x-request-id, else a new one, echoed in the answer), route,
-status and timings."""
+"""Structured logs: one JSON object per line (time, level, logger, message and a record's extra fields); the
+request lines come from infinity.observe."""
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PLAIN_FORMAT = "%(levelname)s:     %(name)s: %(message)s"
 # the response headers a request line carries, as fields in milliseconds
@@ -47,34 +43,3 @@ def setup(level: str, json_lines: bool) -> None:
         for formatter in LOGGING_CONFIG["formatters"].values():
             formatter.clear()
             formatter["()"] = "infinity.logs.JsonFormatter"
-
-
-class RequestLog:
-    """Gives each HTTP request an id and writes one line when its answer has been sent."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if given and len(given) <= 200 and given.isprintable() else uuid.uuid4().hex
-        fields: dict[str, Any] = {"request_id": request_id, "method": scope["method"], "route": scope["path"],
-                                  "status": 500}
-
-        async def tagged_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                fields["status"] = message["status"]
-                headers = list(message.get("headers", []))
-                fields.update(timings(headers))
-                message["headers"] = [*headers, (b"x-request-id", request_id.encode("latin-1"))]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tagged_send)
-        finally:
-            fields["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            request_log.info("%s %s %d", scope["method"], scope["path"], fields["status"], extra=fields)

@@ -15,6 +15,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from infinity.errors import ErrorType
+
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
@@ -52,14 +54,14 @@ class Metrics:
     def answered(self, route: str, status: int | str) -> None:
         self.requests.labels(route, str(status)).inc()
 
-    def failed(self, route: str, error_type: str, status: int | str | None = None) -> None:
-        self.failures.labels(route, error_type).inc()
-        if status is not None:
-            self.answered(route, status)
+    def failed(self, route: str, kind: ErrorType, status: int | None = None) -> None:
+        """An error answer: its type, and its status where the route's family changes the table's."""
+        self.failures.labels(route, kind.value).inc()
+        self.answered(route, kind.status if status is None else status)
 
     def refused(self, route: str) -> None:
         """A 429 given on the socket (the handler's refusals are counted by its failure path)."""
-        self.failed(route, "overloaded", 429)
+        self.failed(route, ErrorType.OVERLOADED)
 
     def count_rejection(self, reason: str) -> None:
         self.rejected.labels(reason).inc()

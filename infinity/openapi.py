@@ -21,7 +21,7 @@ def _operation(endpoint: Endpoint, secured: bool) -> dict[str, Any]:
         errors.setdefault(401, "Missing or wrong API key")
     for status, description in sorted(errors.items()):
         responses[str(status)] = {"description": description, "content": {"application/json": {
-            "schema": endpoint.family.error_doc}}}
+            "schema": endpoint.family.body.doc}}}
     operation: dict[str, Any] = {"summary": endpoint.summary, "tags": [endpoint.family.name],
                                  "responses": responses}
     if endpoint.body is not None:

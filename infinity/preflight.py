@@ -52,11 +52,6 @@ def check(directory: Path, settings: Settings) -> Manifest:
     return manifest
 
 
-def load(directory: Path, settings: Settings, threads: int) -> LoadedModel:
-    check(directory, settings)
-    return open_checked(directory, settings, threads)
-
-
 def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedModel:
     """Load an artifact that passed check(), and make sure it runs what the manifest promises."""
     try:
@@ -80,7 +75,7 @@ def check_max_length(model: LoadedModel) -> None:
     position embeddings are shorter would otherwise fail every batch holding a long input."""
     length = model.manifest.tokenizer.max_length
     probe = Encoded(ids=[model.tokenizer.pad_id] * length, type_ids=[0] * length, offsets=[(0, 0)] * length,
-                    special=[0] * length, word_ids=[None] * length)
+                    special=[0] * length)
     try:
         model.engine.run(pad_batch([probe], model.tokenizer.pad_id), quiet=True)
     except EngineError as exc:

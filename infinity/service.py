@@ -56,8 +56,8 @@ class Result:
         return sum(len(item) for item in self.encoded)
 
 
-class Place:
-    """One admitted request's place in flight; releasing it twice frees it once."""
+class Permit:
+    """One admitted request's permission to be in flight; releasing it twice frees it once."""
 
     def __init__(self, service: Service) -> None:
         self.service: Service | None = service
@@ -123,8 +123,8 @@ class Service:
         """A new request would be refused now: a full queue plus one full batch are already admitted."""
         return self.in_flight >= self.max_in_flight or self.batcher.depth >= self.settings.max_queue
 
-    def admit(self) -> Place:
-        """A place in flight for one request, held until its answer is ready; none free is a 429 at once."""
+    def admit(self) -> Permit:
+        """A permit in flight for one request, held until its answer is ready; none free is a 429 at once."""
         if not self.warm:
             raise NotReady("the model is not ready yet")
         if self.full:
@@ -132,16 +132,16 @@ class Service:
         if self.in_flight:
             self.overlapped = time.perf_counter()
         self.in_flight += 1
-        return Place(self)
+        return Permit(self)
 
     @contextlib.contextmanager
-    def admission(self, place: Place | None = None) -> Iterator[None]:
-        """Hold a place (taken here unless given) from a whole body until the answer is ready."""
-        place = place or self.admit()
+    def admission(self, permit: Permit | None = None) -> Iterator[None]:
+        """Hold a permit (taken here unless given) from a whole body until the answer is ready."""
+        permit = permit or self.admit()
         try:
             yield
         finally:
-            place.release()
+            permit.release()
 
     async def run(self, request: Request) -> Result:
         """Tokenize, queue and run one request as a unit (never split across batches)."""

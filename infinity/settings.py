@@ -1,7 +1,8 @@
 """How the server runs (never what the model is: that lives in the artifact's manifest)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Long enough to bridge the gaps between one run's operators, short enough that workers do not spin through the
@@ -13,41 +14,68 @@ SPIN_WAIT_US = 50
 # short forward pass
 LONE_REQUEST_TOKENS = 64
 
+T = TypeVar("T")
+
+
+def option(default: T, help: str) -> T:
+    """A setting's default and its one help line (`infinity serve --help`)."""
+    return field(default=default, metadata={"help": help})  # a Field, which the dataclass makes the default
+
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    threads: int | None = None  # ONNX Runtime intra-op threads; None: physical cores
-    spin_wait: bool = True  # ONNX Runtime workers busy-wait briefly for more work before they sleep
-    spin_wait_us: int = SPIN_WAIT_US  # ... for this long
-    lone_request_tokens: int = LONE_REQUEST_TOKENS  # a lone request this small runs on the event loop; 0: never
-    max_batch_tokens: int = 16384  # padded tokens (rows x longest) per batch
-    max_batch_size: int = 32  # rows per batch
-    max_queue: int = 128  # requests waiting for the engine
-    max_inputs_per_request: int = 32
-    max_payload_bytes: int = 1_000_000
-    tokenizer_workers: int = 2
-    drain_timeout: float = 30.0
-    retry_after: int = 1
-    max_header_bytes: int = 16384  # request line and headers; more: 431
-    max_connections: int = 1024  # open client connections; more: 503 and close
-    header_timeout: float = 10.0  # seconds for a request's headers to arrive
-    body_timeout: float = 30.0  # seconds for a request's body to arrive once its headers have
-    keep_alive_timeout: float = 5.0  # seconds an idle connection stays open between requests
-    allow_cpu_mismatch: bool = False
-    allow_failed_parity: bool = False
-    log_level: str = "info"
-    access_log: bool = False
+    host: str = option("127.0.0.1", "address to bind")
+    port: int = option(8080, "port to bind")
+    threads: int | None = option(None, "ONNX Runtime intra-op threads (default: physical cores)")
+    spin_wait: bool = option(True, "let ONNX Runtime's workers busy-wait briefly for more work before they sleep "
+                                   "(lower latency on dedicated cores; turn off where the cores are shared, e.g. a "
+                                   "sidecar)")
+    spin_wait_us: int = option(SPIN_WAIT_US, "microseconds a worker busy-waits before it sleeps, with --spin-wait")
+    lone_request_tokens: int = option(LONE_REQUEST_TOKENS, "while requests come one at a time, one of at most this "
+                                                           "many padded tokens (rows x longest input) runs on the "
+                                                           "event loop instead of the engine thread, saving two thread"
+                                                           " wake-ups; 0: never")
+    max_batch_tokens: int = option(16384, "padded tokens (rows x longest input) per batch")
+    max_batch_size: int = option(32, "rows per batch")
+    max_queue: int = option(128, "requests waiting for the engine before new ones get 429")
+    max_inputs_per_request: int = option(32, "texts in one request (at most max_batch_size)")
+    max_payload_bytes: int = option(1_000_000, "request body limit in bytes")
+    tokenizer_workers: int = option(2, "threads that tokenize and post-process")
+    drain_timeout: float = option(30.0, "seconds to finish in-flight requests after SIGTERM")
+    retry_after: int = option(1, "seconds sent in Retry-After with 429; the refused connection is not read again "
+                                 "before then")
+    max_header_bytes: int = option(16384, "request line and headers in bytes; more is answered 431 without being "
+                                          "parsed")
+    max_connections: int = option(1024, "open client connections; more are answered 503 and closed (lowered to fit the"
+                                        " open-file limit)")
+    header_timeout: float = option(10.0, "seconds for a request's headers to arrive; later: 408 and close")
+    body_timeout: float = option(30.0, "seconds for a request's body to arrive once its headers have; later: 408 and "
+                                       "close")
+    keep_alive_timeout: float = option(5.0, "seconds an idle connection stays open between requests")
+    allow_cpu_mismatch: bool = option(False, "serve although this CPU lacks the target's required flags")
+    allow_failed_parity: bool = option(False, "serve an artifact whose parity check failed")
+    log_level: str = option("info", "debug, info, warning or error")
+    access_log: bool = option(False, "log every request")
     api_keys: tuple[str, ...] = ()  # any of them opens the inference routes; none: no authentication
-    public_metadata: bool = False  # /info, /metrics, /openapi.json and /v1/models open without a key
-    json_logs: bool = False  # one JSON object per log line, and a request id and log line per request
-    otlp_endpoint: str | None = None  # an OTLP/HTTP collector for traces; None: no tracing
-    request_timeout: float = 0.0  # seconds an inference request may wait for the engine; 0: no limit
-    vertex_predict_route: str = "/vertex/predict"  # Vertex AI sets these through AIP_PREDICT_ROUTE ...
-    vertex_health_route: str = "/vertex/health"  # ... and AIP_HEALTH_ROUTE
-    served_model_name: str | None = None  # the model's name in every answer; None: the manifest's hub id
-    default_prompt_name: str | None = None  # the prompt for requests that name none; None: the model's default
+    public_metadata: bool = option(False, "serve /info, /metrics, /openapi.json, /v1/models and KServe's /v2 metadata "
+                                          "without an API key (health probes never need one)")
+    json_logs: bool = option(False, "log one JSON object per line, and one line per request with its x-request-id, "
+                                    "route, status and timings")
+    otlp_endpoint: str | None = option(None, "export a trace span per request to this OTLP/HTTP collector, e.g. "
+                                             "http://collector:4318 (needs the otel extra; "
+                                             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT set it"
+                                             " too)")
+    request_timeout: float = option(0.0, "seconds an inference request may take before it is answered 504; 0: no limit"
+                                         " (60 under SageMaker)")
+    vertex_predict_route: str = option("/vertex/predict", "route of Vertex AI's predict requests (Vertex sets "
+                                                          "AIP_PREDICT_ROUTE)")
+    vertex_health_route: str = option("/vertex/health", "route of Vertex AI's health checks (Vertex sets "
+                                                        "AIP_HEALTH_ROUTE)")
+    served_model_name: str | None = option(None, "the model's name in /v1/models, /info and every answer (default: its"
+                                                 " hub id from the manifest, else the directory name it was optimized "
+                                                 "from)")
+    default_prompt_name: str | None = option(None, "the model's prompt put before texts of requests that name none "
+                                                   "(default: the model's own default prompt, if any)")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",

@@ -24,7 +24,6 @@ class Encoded:
     type_ids: list[int]
     offsets: list[tuple[int, int]]
     special: list[int]
-    word_ids: list[int | None]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -35,10 +34,6 @@ class Batch:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray
-
-    @property
-    def tokens(self) -> int:
-        return int(self.attention_mask.sum())
 
 
 class TextTokenizer:
@@ -77,7 +72,7 @@ class TextTokenizer:
             if min(ids) < 0 or max(ids) >= self.vocab_size:
                 raise ValueError(f"input {index} has a token id outside the vocabulary (0 to {self.vocab_size - 1})")
             result.append(Encoded(ids=list(ids), type_ids=[0] * len(ids), offsets=[(0, 0)] * len(ids),
-                                  special=[0] * len(ids), word_ids=[None] * len(ids)))
+                                  special=[0] * len(ids)))
         return result
 
     def tokens(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
@@ -94,7 +89,6 @@ def _to_encoded(encoding: Encoding) -> Encoded:
         type_ids=encoding.type_ids,
         offsets=encoding.offsets,
         special=encoding.special_tokens_mask,
-        word_ids=encoding.word_ids,
     )
 
 

@@ -8,9 +8,6 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from infinity.logs import timings
 from infinity.preflight import StartupError
 
 STAGES = (("tokenization", "tokenization_ms"), ("queue", "queue_ms"), ("inference", "inference_ms"),
@@ -38,9 +35,9 @@ def stages(measured: dict[str, float], answered_ns: int) -> list[tuple[str, int,
 
 
 class Tracing:
-    """ASGI middleware exporting a span per HTTP request."""
+    """A span per HTTP request, exported over OTLP/HTTP in the background."""
 
-    def __init__(self, app: ASGIApp, endpoint: str, service_name: str = "infinity") -> None:
+    def __init__(self, endpoint: str, service_name: str = "infinity") -> None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
@@ -49,39 +46,32 @@ class Tracing:
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         except ImportError:
             raise StartupError("tracing needs the otel extra: pip install 'infinity-multiverse[otel]'") from None
-        self.app = app
         # Resource.create also reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the SDK does everywhere
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint))))
         self.tracer = self.provider.get_tracer("infinity")
         self.propagator = TraceContextTextMapPropagator()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        from opentelemetry import trace
-        from opentelemetry.trace import SpanKind, StatusCode
+    def start(self, method: str, path: str, traceparent: str | None, tracestate: str | None) -> Any:
+        """The request's server span, child of the caller's trace where its headers name one."""
+        from opentelemetry.trace import SpanKind
 
-        carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-        span = self.tracer.start_span(f"{scope['method']} {scope['path']}", context=self.propagator.extract(carrier),
+        carrier = {name: value for name, value in (("traceparent", traceparent), ("tracestate", tracestate))
+                   if value is not None}
+        return self.tracer.start_span(f"{method} {path}", context=self.propagator.extract(carrier),
                                       kind=SpanKind.SERVER, start_time=time.time_ns(),
-                                      attributes={"http.request.method": scope["method"], "url.path": scope["path"]})
-        answer: dict[str, Any] = {"status": 500, "measured": {}, "at": 0}
+                                      attributes={"http.request.method": method, "url.path": path})
 
-        async def watched_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                answer.update(status=message["status"], measured=timings(list(message.get("headers", []))),
-                              at=time.time_ns())
-            await send(message)
+    def finish(self, span: Any, status: int, measured: dict[str, float]) -> None:
+        """Ends the span as the answer starts, with a child span per stage the answer's headers measured."""
+        from opentelemetry import trace
+        from opentelemetry.trace import StatusCode
 
-        try:
-            await self.app(scope, receive, watched_send)
-        finally:
-            inside = trace.set_span_in_context(span)
-            for name, start, end in stages(answer["measured"], answer["at"]):
-                self.tracer.start_span(name, context=inside, start_time=start).end(end_time=end)
-            span.set_attribute("http.response.status_code", answer["status"])
-            if answer["status"] >= 500:
-                span.set_status(StatusCode.ERROR)
-            span.end(end_time=time.time_ns())
+        answered = time.time_ns()
+        inside = trace.set_span_in_context(span)
+        for name, start, end in stages(measured, answered):
+            self.tracer.start_span(name, context=inside, start_time=start).end(end_time=end)
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(StatusCode.ERROR)
+        span.end(end_time=answered)

@@ -18,7 +18,7 @@ WAIT = 30.0  # a hang guard, never a performance expectation
 
 def item(length: int, marker: int = 1) -> Encoded:
     return Encoded(ids=[marker] * length, type_ids=[0] * length, offsets=[(0, 0)] * length,
-                   special=[0] * length, word_ids=[None] * length)
+                   special=[0] * length)
 
 
 class FakeStep:

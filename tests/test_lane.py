@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -287,10 +288,13 @@ def test_lane_requests_still_queued_at_the_drain_deadline_get_the_json_503(minil
     assert "Traceback" not in started.log.read_text()
 
 
-def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact: Path) -> None:
+@pytest.mark.parametrize("options", [{}, {"json_logs": True, "otlp_endpoint": "http://127.0.0.1:9", "api_keys": ("k",),
+                                                "access_log": True}])
+def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact: Path, options: dict[str, Any]) -> None:
     """In-process, with the protocol class `infinity serve` uses: a plain request leaves no ASGI cycle behind,
-    a chunked one does (so the plain one was answered by the lane)."""
-    settings = Settings(threads=1)
+    a chunked one does (so the plain one was answered by the lane), with every option off and on."""
+    settings = Settings(threads=1, **options)
+    auth = b"Authorization: Bearer k\r\n" if options else b""
     core = Core.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
     app = create_app(core)
     made: list[LaneProtocol] = []
@@ -309,7 +313,7 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
             reader, writer = await asyncio.open_connection(*listener.sockets[0].getsockname()[:2])
             answers = []
             for request in (post(b'{"inputs": "lane"}'), chunked(b'{"inputs": "parser"}')):
-                writer.write(request)
+                writer.write(request.replace(b"Host: x\r\n", b"Host: x\r\n" + auth))
                 head = await reader.readuntil(b"\r\n\r\n")
                 await reader.readexactly(int(value(head[:-4], b"content-length")))
                 answers.append(head)
@@ -331,3 +335,41 @@ def test_with_the_access_log_on_plain_requests_are_logged(minilm_fp32_artifact: 
             head, _ = Reader(sock).response()
     assert b" 200 " in head.split(b"\r\n")[0]
     assert '"POST /predict HTTP/1.1" 200' in started.log.read_text()
+
+
+EVERY_OPTION = ("--json-logs", "--otlp-endpoint", "http://127.0.0.1:9", "--api-key", "k", "--access-log")
+TIMED = {b"date", b"x-compute-time", b"x-tokenization-time", b"x-queue-time", b"x-inference-time", b"x-total-time"}
+
+
+def exchange(server: Server, key: bool) -> list[tuple[bytes, list[tuple[bytes, bytes]], bytes]]:
+    """Status line, headers but the timed ones, and body of each of a few requests, on one connection."""
+    auth = "Authorization: Bearer k\r\n" if key else ""
+    ids = "X-Request-Id: r0\r\n"
+    requests = [post(b'{"inputs": "lane"}', extra=auth + ids), chunked(b'{"inputs": "parser"}'),
+                post(b'{"inputs": "lane"}', "/embed", auth + ids), post(b'{"input": 1}', extra=auth + ids),
+                post(b'{"inputs": ""}', "/v1/embeddings", auth + ids)]
+    requests[1] = requests[1].replace(b"Host: x\r\n", f"Host: x\r\n{auth}{ids}".encode())
+    answers = []
+    with connect(server) as sock:
+        reader = Reader(sock)
+        for request in requests:
+            sock.sendall(request)
+            head, body = reader.response()
+            lines = head.split(b"\r\n")
+            headers = [(name.lower(), value.strip()) for name, _, value in (line.partition(b":") for line in lines[1:])]
+            answers.append((lines[0], [h for h in headers if h[0] not in TIMED], body))
+    return answers
+
+
+def test_every_option_on_leaves_the_path_and_the_answers_as_they_were(minilm_fp32_artifact: Path, tmp_path: Path,
+                                                                      server: Server) -> None:
+    """JSON logs, traces, API keys and the access log on: the same bytes (timings aside), and each request logged
+    with its id (test_the_lane_answers_without_starting_a_request_cycle sees the lane answer with them on)."""
+    plain = exchange(server, key=False)
+    with running(minilm_fp32_artifact, tmp_path / "server.log", *EVERY_OPTION) as started:
+        everything = exchange(started, key=True)
+        assert [status for status, _, _ in everything] == [b"HTTP/1.1 200 OK"] * 3 + [
+            b"HTTP/1.1 422 Unprocessable Entity", b"HTTP/1.1 400 Bad Request"]
+        assert everything == plain
+        assert all((b"x-request-id", b"r0") in headers for _, headers, _ in everything)
+        until(lambda: started.log.read_text().count('"request_id":"r0"') == len(everything))

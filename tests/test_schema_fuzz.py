@@ -150,3 +150,42 @@ def test_invisible_only_texts_are_empty_on_every_text_route(embedder: Server, te
         response = httpx.post(embedder.url + path, json=body, timeout=60)
         assert response.status_code == 400 and "empty" in response.text, (path, response.text)
     assert httpx.post(embedder.url + "/predict", json={"inputs": text + "a"}, timeout=60).status_code == 200
+
+
+def test_every_error_answer_matches_its_documented_schema(embedder: Server) -> None:
+    spec = httpx.get(embedder.url + "/openapi.json", timeout=60).json()
+    posts = {path: item["post"] for path, item in spec["paths"].items() if "post" in item}
+    assert len(posts) >= 8
+    for path, operation in posts.items():
+        response = httpx.post(embedder.url + path, json={"no such field": 1}, timeout=60)
+        documented = operation["responses"].get(str(response.status_code))
+        assert response.status_code >= 400 and documented is not None, (path, response.status_code, response.text)
+        schema = json_schema(documented["content"]["application/json"]["schema"])
+        jsonschema.Draft4Validator(schema).validate(response.json())
+
+
+def json_schema(doc: Any) -> Any:
+    """OpenAPI 3.0's `nullable` as JSON Schema says it."""
+    if isinstance(doc, list):
+        return [json_schema(item) for item in doc]
+    if not isinstance(doc, dict):
+        return doc
+    schema = {key: json_schema(value) for key, value in doc.items() if key != "nullable"}
+    if doc.get("nullable") and "type" in doc:
+        schema["type"] = [doc["type"], "null"]
+    return schema
+
+
+def test_the_readme_error_table_is_the_servers() -> None:
+    import re
+    from pathlib import Path
+
+    from infinity.errors import STATUS, ErrorType
+
+    section = Path(__file__).parents[1].joinpath("README.md").read_text().split("## Errors", 1)[1].split("\n## ", 1)[0]
+    rows = {(kind, int(status)) for status, kind in re.findall(r"^\| (\d+) \| `(\w+)` \|", section, re.M)}
+    told = {kind for kind, _ in rows}
+    for kind, status in STATUS.items():
+        if kind not in (ErrorType.CLIENT_CLOSED, ErrorType.HTTP):  # never written to a client / any other status
+            assert (kind.value, status) in rows, kind
+    assert told <= {kind.value for kind in ErrorType}

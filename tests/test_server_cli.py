@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from infinity.cli import build_parser, main, settings_from
-from infinity.preflight import StartupError, check, load
+from infinity.preflight import StartupError, check, open_checked
 from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,8 @@ def test_spinning_settings_reach_the_onnx_runtime_session(artifact_for: Any, arg
                                                           entries: dict[str, str]) -> None:
     """Workers spin 50 us by default: long enough to bridge one run's operators, short enough to leave the
     cores to the event loop between batches; --no-spin-wait turns spinning off altogether."""
-    options = load(artifact_for("ranking"), settings(argv), threads=1).engine.session.get_session_options()
+    model = open_checked(artifact_for("ranking"), settings(argv), threads=1)
+    options = model.engine.session.get_session_options()
 
     def entry(key: str) -> str:
         try:
@@ -153,7 +154,7 @@ def test_a_model_file_outside_the_artifact_is_refused(editable: Path, tmp_path: 
 def test_a_max_length_beyond_the_position_embeddings_is_refused(editable: Path) -> None:
     edit(editable, tokenizer={"max_length": 100000})
     with pytest.raises(StartupError, match="tokenizer.max_length 100000 is more than the model accepts") as caught:
-        load(editable, Settings(), threads=1)
+        open_checked(editable, Settings(), threads=1)
     assert "\n" not in str(caught.value)
 
 

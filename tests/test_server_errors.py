@@ -314,14 +314,14 @@ def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
 
 def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedModel,
                                                                    session: ControlledSession) -> None:
-    """With every place taken, a request is answered 429 by counting alone: nothing of it is tokenized."""
+    """With every permit taken, a request is answered 429 by counting alone: nothing of it is tokenized."""
     settings = Settings(max_queue=1, max_batch_size=1, max_inputs_per_request=1, **ON_ENGINE)
     with TestClient(create_app(Core.build(model, settings))) as client, ThreadPoolExecutor(2) as pool:
         session.release.clear()
         model.engine.session = session
         running = pool.submit(client.post, "/predict", json={"inputs": "first"})
         until(session.entered.is_set)
-        queued = pool.submit(client.post, "/v1/rerank", json={"inputs": "second"})  # 404: holds no place
+        queued = pool.submit(client.post, "/v1/rerank", json={"inputs": "second"})  # 404: holds no permit
         assert queued.result(WAIT).status_code == 404
         waiting = pool.submit(client.post, "/predict", json={"inputs": "second"})
         until(lambda: gauge(client, "infinity_queue_depth") == 1)

@@ -128,7 +128,7 @@ def test_a_request_that_stops_arriving_gets_408_and_is_closed(server: Server, se
     with connect(server) as sock:
         sock.sendall(sent)
         response = answer(sock)
-    assert status(response) == 408 and error_type(response) == "timeout", response[:200]
+    assert status(response) == 408 and error_type(response) == "request_timeout", response[:200]
     assert refusals(server, "timeout") == before + 1
 
 
@@ -155,7 +155,7 @@ def test_connections_beyond_the_cap_get_503_and_idle_ones_make_room(server: Serv
             sock.sendall(b"GET /health/live HTTP/1.1\r\n")  # begun, not finished: not idle
         with connect(server) as extra:
             response = answer(extra)
-        assert status(response) == 503 and error_type(response) == "overloaded", response[:200]
+        assert status(response) == 503 and error_type(response) == "too_many_connections", response[:200]
     finally:
         for sock in busy:
             sock.close()
@@ -231,7 +231,7 @@ def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(requ
 
 
 def test_a_request_without_a_valid_key_is_never_refused_on_the_socket() -> None:
-    """It goes to the app, which answers 401 before counting any place in flight."""
+    """It goes to the app, which answers 401 before counting any permit in flight."""
     gate, counted = shedding(full=True, authorized=False)
     request_bytes = post()
     assert gate.answer(request_bytes, request_bytes.find(b"\r\n\r\n") + 4) is None and counted == []
@@ -239,7 +239,7 @@ def test_a_request_without_a_valid_key_is_never_refused_on_the_socket() -> None:
 
 def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,
                                                                          tmp_path: Path) -> None:
-    """One place in flight beside one queued: long requests that arrive while both are taken are refused on
+    """One permit in flight beside one queued: long requests that arrive while both are taken are refused on
     the socket, each as a keep-alive 429 with Retry-After, and every refused connection is served normally
     once the load is gone. A round whose first two requests finish before the rest arrive is run again."""
     body = orjson.dumps({"input": "a longer text that keeps the engine busy for a while " * 30})

@@ -1,5 +1,5 @@
 """The transport against hostile and careless clients, on real servers over real sockets: what HTTP/1.1 refuses is
-refused in JSON, stalled bodies hold no place in flight, a missing key is 401 before anything else, and a request
+refused in JSON, stalled bodies hold no permit in flight, a missing key is 401 before anything else, and a request
 takes the same path and gets the same answer with and without API keys."""
 from __future__ import annotations
 
@@ -183,7 +183,8 @@ def test_a_request_gets_the_same_answer_with_and_without_api_keys(server: Server
         return [line for line in text.splitlines() if line.startswith("infinity_requests_total")]
 
     before = counted(server), counted(keyed)
-    (open_head, open_body), (keyed_head, keyed_body) = _answer(server, ""), _answer(keyed, AUTH)
+    same_id = "X-Request-Id: same\r\n"
+    (open_head, open_body), (keyed_head, keyed_body) = _answer(server, same_id), _answer(keyed, AUTH + same_id)
     after = counted(server), counted(keyed)
 
     def shape(head: bytes) -> list[tuple[bytes, bytes]]:

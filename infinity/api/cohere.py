@@ -4,16 +4,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from infinity.api.endpoint import Endpoint, Family, Render
+from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.ranking import Ranking
 
-ERROR_DOC = {"type": "object", "required": ["message"],
-             "properties": {"message": {"type": "string"}, "error_type": {"type": "string"}}}
-COHERE = Family("cohere", lambda status, message, error_type: {"message": message, "error_type": error_type},
-                error_doc=ERROR_DOC)
+COHERE = Family("cohere", ErrorBody({"message": MESSAGE, "error_type": TYPE}))
 ERRORS = {400: "Empty query or documents", 401: "Missing or wrong API key",
           413: "Body too large or too many documents", 422: "Malformed body or unknown field",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
@@ -39,13 +36,9 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
 
         def render(result: Result) -> Any:
-            scores = task.scores(result.rows)
-            results = []
-            for i in task.order(scores, body.get("top_n")):
-                item: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
-                if body["return_documents"]:
-                    item["document"] = {"text": texts[i]}
-                results.append(item)
+            results = [{"index": i, "relevance_score": score,
+                        **({"document": {"text": texts[i]}} if body["return_documents"] else {})}
+                       for i, score in task.ranked(result.rows, top_n=body.get("top_n"))]
             return {"id": str(uuid.uuid4()), "results": results,
                     "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}}}
 

@@ -15,9 +15,9 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from infinity.errors import InfinityError, NotReady, PayloadTooLarge, TimedOut, ValidationError
+from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, ValidationError
 from infinity.schema import Schema
-from infinity.service import INLINE_CHARS, Place, Result, Service
+from infinity.service import INLINE_CHARS, Permit, Result, Service
 from infinity.tasks import Request
 
 log = logging.getLogger("infinity.api")
@@ -25,7 +25,6 @@ log = logging.getLogger("infinity.api")
 Render = Callable[[Any], Any]  # the core's Result, or None for the routes that run no model
 Prepare = Callable[[Any], tuple[Request | None, Render]]
 View = Callable[[HTTPRequest], Awaitable[Response]]
-CLIENT_CLOSED = 499  # nginx's code for "the client closed the request": nobody reads it
 
 
 class JSONResponse(Response):
@@ -40,17 +39,48 @@ def _same(status: int) -> int:
 
 
 @dataclass(frozen=True)
+class Field:
+    """One field of an error body: its value, from the answer's status, message and error type, and its schema."""
+    value: Callable[[int, str, ErrorType], Any]
+    doc: dict[str, Any]
+
+
+MESSAGE = Field(lambda status, message, kind: message, {"type": "string"})
+TYPE = Field(lambda status, message, kind: kind.value, {"type": "string", "enum": [kind.value for kind in ErrorType]})
+NULL = Field(lambda status, message, kind: None, {"type": "string", "nullable": True})
+
+
+@dataclass(frozen=True)
+class ErrorBody:
+    """An API family's error body, from which both its answers and its OpenAPI schema are made."""
+    fields: dict[str, Field | ErrorBody]
+
+    def render(self, status: int, message: str, kind: ErrorType) -> dict[str, Any]:
+        return {name: value.render(status, message, kind) if isinstance(value, ErrorBody)
+                else value.value(status, message, kind) for name, value in self.fields.items()}
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return {"type": "object", "required": list(self.fields),
+                "properties": {name: value.doc for name, value in self.fields.items()}}
+
+
+@dataclass(frozen=True)
 class Family:
     """An API dialect: the shape of its error bodies, and the status it uses where ours differs."""
     name: str
-    error: Callable[[int, str, str], dict[str, Any]]  # (status, message, error_type) -> body
+    body: ErrorBody
     status: Callable[[int], int] = _same
-    error_doc: dict[str, Any] = field(default_factory=dict)
 
-    def failure(self, status: int, message: str, error_type: str,
-                headers: dict[str, str] | None = None) -> Response:
-        status = self.status(status)
-        return JSONResponse(self.error(status, message, error_type), status_code=status, headers=headers)
+    def error(self, kind: ErrorType, message: str, status: int | None = None) -> tuple[int, dict[str, Any]]:
+        """The status and body of an error; `status` only where the error names its own (bad_request, http)."""
+        code = self.status(kind.status if status is None else status)
+        return code, self.body.render(code, message, kind)
+
+    def failure(self, kind: ErrorType, message: str, headers: dict[str, str] | None = None,
+                status: int | None = None) -> Response:
+        code, body = self.error(kind, message, status)
+        return JSONResponse(body, status_code=code, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -149,15 +179,15 @@ def _never() -> bool:
 
 async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Awaitable[bytes]],
                   watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
-                  gone: Callable[[], bool] = _never, place: Place | None = None) -> Response:
+                  gone: Callable[[], bool] = _never, permit: Permit | None = None) -> Response:
     """One inference request, from admission to its response: `read` gives the body; `watch` awaits the
     result unless the client leaves first (None: await it); `gone` says whether a cancellation came from
-    the client leaving rather than from the drain deadline; `place`, if given, was admitted already."""
+    the client leaving rather than from the drain deadline; `permit`, if given, was admitted already."""
     started = time.perf_counter()
     try:
-        # the body is whole before a place in flight is taken: stalled bodies can never fill the server
+        # the body is whole before a permit in flight is taken: stalled bodies can never fill the server
         body = await read()
-        with service.admission(place):
+        with service.admission(permit):
             core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
             result = None
             if core is not None:
@@ -198,14 +228,14 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
 
 def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Response:
     service.metrics.failed(endpoint.path, exc.error_type, endpoint.family.status(exc.status_code))
-    headers = {"Retry-After": str(service.settings.retry_after)} if exc.status_code == 429 else None
-    return endpoint.family.failure(exc.status_code, exc.message, exc.error_type, headers)
+    headers = {"Retry-After": str(service.settings.retry_after)} if exc.error_type is ErrorType.OVERLOADED else None
+    return endpoint.family.failure(exc.error_type, exc.message, headers)
 
 
 def closed(endpoint: Endpoint, service: Service) -> Response:
     log.info("%s: the client disconnected before its answer was ready", endpoint.path)
-    service.metrics.failed(endpoint.path, "client_closed", CLIENT_CLOSED)
-    return Response(status_code=CLIENT_CLOSED)
+    service.metrics.failed(endpoint.path, ErrorType.CLIENT_CLOSED)
+    return Response(status_code=ErrorType.CLIENT_CLOSED.status)
 
 
 def not_served(path: str, family: Family, needs: str, task: str) -> View:
@@ -213,6 +243,6 @@ def not_served(path: str, family: Family, needs: str, task: str) -> View:
     message = f"{path} needs a {needs} model; this server runs {task}"
 
     async def view(request: HTTPRequest) -> Response:
-        return family.failure(404, message, "not_found")
+        return family.failure(ErrorType.NOT_FOUND, message)
 
     return view

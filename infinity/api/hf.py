@@ -4,16 +4,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from infinity.api.endpoint import Endpoint, Family, Render
+from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
 from infinity.schema import Boolean, Choice, Object, Schema
 from infinity.service import Result
 from infinity.tasks import Request, Task
 from infinity.tasks.base import DIRECTIONS
 
-ERROR_DOC = {"type": "object", "required": ["error", "error_type"],
-             "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}}}
-HF = Family("hf", lambda status, message, error_type: {"error": message, "error_type": error_type},
-            error_doc=ERROR_DOC)
+HF = Family("hf", ErrorBody({"error": MESSAGE, "error_type": TYPE}))
 ERRORS = {400: "Empty input", 413: "Body too large or too many inputs",
           422: "Malformed body, unknown field or parameter, or input too long with truncate=false",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
@@ -24,6 +21,13 @@ def truncation() -> dict[str, Schema]:
                                                           "false answers 422 for longer inputs"),
             "truncation_direction": Choice(DIRECTIONS, default="right", case_insensitive=True,
                                            description="which end of a long input is cut")}
+
+
+def truncated(request: Request, params: dict[str, Any]) -> Request:
+    """The request cut as the truncation() parameters say (their defaults where the body gave none)."""
+    request.truncate = params.get("truncate", True)
+    request.direction = params.get("truncation_direction", "right")
+    return request
 
 
 def body_schema(task: Task, limit: int) -> Object:
@@ -44,8 +48,7 @@ def endpoints(task: Task, limit: int) -> list[Endpoint]:
             params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
             params.update(body.get("parameters", {}))
             parsed = task.parse(body["inputs"], params)
-            parsed.request.truncate = params.get("truncate", True)
-            parsed.request.direction = params.get("truncation_direction", "right")
+            truncated(parsed.request, params)
             nest = hosted_api and parsed.single and task.nests_single_answer
 
             def render(result: Result) -> Any:

@@ -17,9 +17,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api import hf
-from infinity.api.endpoint import Endpoint, Family, JSONResponse, Render
+from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
 from infinity.api.ops import version
-from infinity.errors import ValidationError
+from infinity.errors import ErrorType, ValidationError
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
 from infinity.service import Result
 from infinity.tasks import Request, Task
@@ -28,10 +28,8 @@ from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sequence_classification import SequenceClassification
 
-ERROR_DOC = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 # the protocol answers a bad request 400 and names no error types
-KSERVE = Family("kserve", lambda status, message, error_type: {"error": message},
-                status=lambda status: 400 if status == 422 else status, error_doc=ERROR_DOC)
+KSERVE = Family("kserve", ErrorBody({"error": MESSAGE}), status=lambda status: 400 if status == 422 else status)
 ERRORS = {400: "Malformed request, unknown tensor or parameter", 413: "Body too large or too many inputs",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 TENSOR_DOC = {"type": "object", "required": ["name", "datatype", "shape", "data"],
@@ -115,9 +113,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
         if missing:
             raise ValidationError(f"missing input(s): {', '.join(missing)}")
         params = body.get("parameters", {})
-        request = spec.texts(named)
-        request.truncate = params.get("truncate", True)
-        request.direction = params.get("truncation_direction", "right")
+        request = hf.truncated(spec.texts(named), params)
 
         def render(result: Result) -> Any:
             data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)
@@ -147,12 +143,12 @@ def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[
     async def ready(request: HTTPRequest) -> Response:
         if await _ready(request):
             return JSONResponse({"ready": True})
-        return KSERVE.failure(503, "the model is not ready", "unhealthy")
+        return KSERVE.failure(ErrorType.UNHEALTHY, "the model is not ready")
 
     async def model_ready(request: HTTPRequest) -> Response:
         if await _ready(request):
             return JSONResponse({"name": name, "ready": True})
-        return KSERVE.failure(503, f"the model {name} is not ready", "unhealthy")
+        return KSERVE.failure(ErrorType.UNHEALTHY, f"the model {name} is not ready")
 
     async def server(request: HTTPRequest) -> Response:
         return JSONResponse({"name": "infinity-multiverse", "version": version(), "extensions": []})

@@ -8,7 +8,7 @@ import numpy as np
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from infinity.api.endpoint import Endpoint, Family, JSONResponse, Render
+from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
@@ -18,17 +18,12 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invali
          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
-def _error(status: int, message: str, error_type: str) -> dict[str, Any]:
-    kind = TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": error_type}}
-
-
-ERROR_DOC = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                                     "param": {"type": "string", "nullable": True},
-                                     "code": {"type": "string", "nullable": True}}}}}
+KIND = Field(lambda status, message, kind: TYPES.get(status, "server_error" if status >= 500
+                                                     else "invalid_request_error"), {"type": "string"})
 # OpenAI answers every invalid request with 400, where the other routes say 422
-OPENAI = Family("openai", _error, status=lambda status: 400 if status == 422 else status, error_doc=ERROR_DOC)
+OPENAI = Family("openai", ErrorBody({"error": ErrorBody({"message": MESSAGE, "type": KIND, "param": NULL,
+                                                         "code": TYPE})}),
+                status=lambda status: 400 if status == 422 else status)
 EMBEDDINGS = ("/v1/embeddings", "/embeddings")
 ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the model's)",
           401: "Missing or wrong API key", 413: "Body too large or too many inputs",

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, JSONResponse
 from infinity.api.hf import HF
+from infinity.errors import ErrorType
 from infinity.manifest import Manifest
 from infinity.metrics import CONTENT_TYPE
 from infinity.service import Service
@@ -33,7 +34,7 @@ async def live(request: HTTPRequest) -> Response:
 async def ready(request: HTTPRequest) -> Response:
     if await request.state.service.ready():
         return JSONResponse({"status": "ready"})
-    return HF.failure(503, "the model is not ready", "unhealthy")
+    return HF.failure(ErrorType.UNHEALTHY, "the model is not ready")
 
 
 def served_name(manifest: Manifest, settings: Settings) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.hf import ERRORS, HF, truncation
+from infinity.api.hf import ERRORS, HF, truncated, truncation
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
@@ -16,11 +16,6 @@ from infinity.tokenization import TextTokenizer
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
 EMBED, RERANK = "/embed", "/rerank"
-
-
-def _cut(request: Request, body: dict[str, Any]) -> Request:
-    request.truncate, request.direction = body["truncate"], body["truncation_direction"]
-    return request
 
 
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
@@ -35,7 +30,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
         def render(result: Result) -> Any:
             return task.embed(result.rows, body["normalize"], body.get("dimensions"))
 
-        return task.prompted(_cut(Request(texts), body), body.get("prompt_name")), render
+        return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
@@ -48,16 +43,9 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
-            scores = task.scores(result.rows, body["raw_scores"])
-            ranked = []
-            for i in task.order(scores, None):
-                item: dict[str, Any] = {"index": i, "score": float(scores[i])}
-                if body["return_text"]:
-                    item["text"] = body["texts"][i]
-                ranked.append(item)
-            return ranked
+            return task.answer(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 
-        return _cut(task.pairs(body["query"], body["texts"]), body), render
+        return truncated(task.pairs(body["query"], body["texts"]), body), render
 
     return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
                     prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)

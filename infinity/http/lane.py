@@ -18,16 +18,18 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
+from infinity.errors import ErrorType
 from infinity.http.adapter import STATUS_LINE
-from infinity.http.heads import declared_body, route_of
+from infinity.http.heads import declared_body, header, route_of
 from infinity.http.protocol import GuardedHttpToolsProtocol
+from infinity.observe import Observers, Seen
 
 log = logging.getLogger("infinity.http")
 access = logging.getLogger("uvicorn.access")
 
 
-class Place(Protocol):
-    """A request's place in flight, taken when its body is complete (so the next request on the socket sees it)."""
+class Permit(Protocol):
+    """A request's permit to be in flight, taken once its body is whole (so the next request on the socket sees it)."""
 
     def release(self) -> None: ...
 
@@ -35,11 +37,11 @@ class Place(Protocol):
 class Core(Protocol):
     """The routes' core, built before the server starts."""
 
-    def admit(self, path: str) -> Place | Response:
-        """A place in flight, or the route's refusal (429, 503)."""
+    def admit(self, path: str) -> Permit | Response:
+        """A permit in flight, or the route's refusal (429, 503)."""
 
-    async def serve(self, path: str, body: bytes, place: Any, gone: Callable[[], bool]) -> Response:
-        """The answer to a whole body, with the place admit() gave; `gone` says whether the client has left."""
+    async def serve(self, path: str, body: bytes, permit: Any, gone: Callable[[], bool]) -> Response:
+        """The answer to a whole body, with the permit admit() gave; `gone` says whether the client has left."""
 
     def closed(self, path: str) -> None:
         """Counts a client that left before its answer was ready."""
@@ -51,14 +53,16 @@ class Lane:
     routes: dict[bytes, str]  # request line up to the target, "POST /path " -> path
     max_body: int  # a larger declared body takes the usual path, which answers 413
     core: Core
+    observers: Observers
     access_log: bool = False
 
 
-def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
+def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool,
+         extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
     """A response as the usual path writes it: status line, the server's date and server headers, the
-    response's own headers, and connection: close when the connection ends after it."""
+    response's own headers, the request id, and connection: close when the connection ends after it."""
     lines = [STATUS_LINE[response.status_code]]
-    for name, value in (*default_headers, *response.raw_headers):
+    for name, value in (*default_headers, *response.raw_headers, *extra):
         lines += [name, b": ", value, b"\r\n"]
     if close:
         lines.append(b"connection: close\r\n")
@@ -76,7 +80,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
         self.body = bytearray()
         self.wanted = 0
         self.task: asyncio.Task[None] | None = None  # ... being answered
-        self.place: Place | None = None  # ... and its place in flight
+        self.permit: Permit | None = None  # ... and its permit in flight
         self.backlog = bytearray()  # what arrived meanwhile, read once the answer is written
         self.gone = False  # the client left while its request was answered
         self.closing = False  # the server drains: close after this answer
@@ -131,44 +135,53 @@ class LaneProtocol(GuardedHttpToolsProtocol):
     def _answer(self, body: bytes, rest: bytes) -> None:
         self.backlog += rest
         path = self.path or ""
-        place = self.lane.core.admit(path)
-        if isinstance(place, Response):  # refused at once, in the route's own shape
-            self._write(path, place)
-            if place.status_code == 429 and not self.closing:
+        seen = self.lane.observers.begin("POST", path, self._header)
+        permit = self.lane.core.admit(path)
+        if isinstance(permit, Response):  # refused at once, in the route's own shape
+            self._write(seen, permit)
+            if permit.status_code == 429 and not self.closing:
                 self.path, self.request_head = None, b""  # answered: nothing of it is left to drain or count
                 self._hold(self._next)
             else:
                 self._next()
             return
-        self.place, self.gone = place, False
-        self.task = self.loop.create_task(self._respond(path, body, place))
+        self.permit, self.gone = permit, False
+        self.task = self.loop.create_task(self._respond(seen, body, permit))
         self.tasks.add(self.task)
         self.task.add_done_callback(self._answered)
 
-    async def _respond(self, path: str, body: bytes, place: Place) -> None:
+    async def _respond(self, seen: Seen, body: bytes, permit: Permit) -> None:
         try:
-            response = await self.lane.core.serve(path, body, place, lambda: self.gone)
+            response = await self.lane.core.serve(seen.path, body, permit, lambda: self.gone)
         except asyncio.CancelledError:  # the task never began: nothing can be written
+            self.lane.observers.end(seen, ErrorType.CLIENT_CLOSED.status, [])
             self.transport.close()
             return
         if self.transport.is_closing():
+            self.lane.observers.end(seen, response.status_code, response.raw_headers)
             return
-        self._write(path, response)
+        self._write(seen, response)
         if self.flow.write_paused:
             await self.flow.drain()  # a client that does not read its answers gets no more of them
 
-    def _write(self, path: str, response: Response) -> None:
-        if self.lane.access_log:  # logged first, so that a client that has its answer finds the line
+    def _write(self, seen: Seen, response: Response) -> None:
+        # logged first, so that a client that has its answer finds the lines
+        if self.lane.access_log:
             client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
             # uvicorn's access-log formatter reads exactly these five arguments
-            access.info('%s - "%s %s HTTP/%s" %d', client, "POST", path, "1.1", response.status_code)
-        self.transport.write(wire(response, self.server_state.default_headers, self.closing))
+            access.info('%s - "%s %s HTTP/%s" %d', client, "POST", seen.path, "1.1", response.status_code)
+        self.lane.observers.end(seen, response.status_code, response.raw_headers)
+        self.transport.write(wire(response, self.server_state.default_headers, self.closing, (seen.header,)))
+
+    def _header(self, name: str) -> str | None:
+        value = header(self.request_head, name.encode("latin-1"))
+        return None if value is None else value.decode("latin-1")
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        if self.place is not None:
-            self.place.release()  # the core released it already, unless the task was cancelled before it began
-            self.place = None
+        if self.permit is not None:
+            self.permit.release()  # the core released it already, unless the task was cancelled before it began
+            self.permit = None
         self.task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("the lane failed on a request: %r", task.exception())
@@ -217,7 +230,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
     def _expired(self) -> None:
         if self.path is not None and self.task is None and not self.refused:
             log.debug("a request from %s did not arrive in time", self.client)
-            self._reject(408, "the request did not arrive in time", "timeout", "timeout")
+            self._reject(ErrorType.REQUEST_TIMEOUT, "the request did not arrive in time", "timeout")
             self.path = None
             self.body.clear()
             return

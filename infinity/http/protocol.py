@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infinity.errors import ErrorType
 from infinity.http.adapter import HttpToolsProtocol
 from infinity.http.heads import canned, declared_body, end_of_head, refusal, route_of, target_of
 
@@ -39,13 +40,13 @@ class Gate:
     Refusals decided on the socket: while `full()` holds, a whole small POST to an inference route that carries
     a valid key gets its route's 429 without a parser callback, an ASGI task or the app: a retry storm costs
     microseconds a try and leaves the event loop to the requests already admitted. A request without a valid
-    key is never refused here: the app answers it 401, before any place in flight is counted."""
+    key is never refused here: the app answers it 401, before any permit in flight is counted."""
     answers: dict[bytes, bytes] = field(default_factory=dict)  # request line's "POST /path " -> whole 429
     full: Callable[[], bool] = lambda: False
     authorized: Callable[[bytes], bool] = lambda head: True  # a head carries a valid key (or none is needed)
-    # (path, status, message, error_type) -> (status, body) in the route's family shape
-    error: Callable[[bytes, int, str, str], tuple[int, dict[str, Any]]] = (
-        lambda path, status, message, error_type: (status, {"error": message, "error_type": error_type}))
+    # (path, error type, message, status if the error names its own) -> (status, body) in the route's family shape
+    error: Callable[[bytes, ErrorType, str, int | None], tuple[int, dict[str, Any]]] = (
+        lambda path, kind, message, status: (status or kind.status, {"error": message, "error_type": kind.value}))
     refused: Callable[[bytes], None] = lambda path: None  # counts a refusal (metrics)
     rejected: Callable[[str], None] = lambda reason: None  # counts a 4xx/5xx on the socket, or an idle eviction
 
@@ -83,8 +84,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
             self.transport = transport
             self._warn("refusing connections: %d are open, the limit", len(self.connections))
-            self._reject(503, "too many open connections; retry later", "overloaded", "too_many_connections",
-                         extra="retry-after: 1\r\n")
+            self._reject(ErrorType.TOO_MANY_CONNECTIONS, "too many open connections; retry later",
+                         "too_many_connections", extra="retry-after: 1\r\n")
             return
         super().connection_made(transport)
         self.idle_ones[self] = None
@@ -219,7 +220,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         refused = refusal(self.parser.get_http_version(), self.headers, self.parser.should_upgrade())
         if refused is not None:
             status, message = refused
-            self._reject(status, message, "bad_request", "bad_request")
+            self._reject(ErrorType.BAD_REQUEST, message, "bad_request", status=status)
             return
         super().on_headers_complete()
 
@@ -236,7 +237,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser cannot read: a JSON 400 in the route's shape, then close."""
-        self._reject(400, "the request is not valid HTTP/1.1", "bad_request", "bad_request")
+        self._reject(ErrorType.BAD_REQUEST, "the request is not valid HTTP/1.1", "bad_request")
 
     # deadlines and refusals
 
@@ -255,13 +256,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.abort()
         elif self.head or self.in_message:
             log.debug("a request from %s did not arrive in time", self.client)
-            self._reject(408, "the request did not arrive in time", "timeout", "timeout")
+            self._reject(ErrorType.REQUEST_TIMEOUT, "the request did not arrive in time", "timeout")
         else:
             self.transport.close()  # nothing arrived: close quietly, as a keep-alive timeout does
 
     def _too_large(self) -> None:
-        self._reject(431, f"the request line and headers exceed {self.limits.max_header_bytes} bytes",
-                     "header_too_large", "header_too_large")
+        self._reject(ErrorType.HEADER_TOO_LARGE, f"the request line and headers exceed "
+                     f"{self.limits.max_header_bytes} bytes", "header_too_large")
 
     def _path(self) -> bytes:
         """The path of the request being refused, to answer in its route's shape (b"" if none is known)."""
@@ -269,10 +270,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return bytes(getattr(self, "url", b"")).partition(b"?")[0]  # the target, as the parser has read it
         return target_of(self.head)
 
-    def _reject(self, status: int, message: str, error_type: str, reason: str, extra: str = "") -> None:
+    def _reject(self, kind: ErrorType, message: str, reason: str, extra: str = "", status: int | None = None) -> None:
         """Answer without the app in the route's error shape, stop reading into the parser, and close once the
         client has had the answer."""
-        status, body = self.gate.error(self._path(), status, message, error_type)
+        status, body = self.gate.error(self._path(), kind, message, status)
         response = canned(status, body, extra)
         self.refused = True
         self.gate.rejected(reason)

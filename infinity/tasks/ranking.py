@@ -41,18 +41,17 @@ class Ranking(Task):
     def scores(self, rows: np.ndarray, raw: bool = False) -> np.ndarray:
         return activate(rows, "none" if raw else (self.manifest.task.score_activation or "sigmoid"))
 
-    @staticmethod
-    def order(scores: np.ndarray, top_n: int | None) -> list[int]:
-        """Indices best first; equal scores keep the order they were sent in."""
-        return [int(i) for i in np.argsort(-scores, kind="stable")[:top_n]]
+    def ranked(self, rows: np.ndarray, raw: bool = False, top_n: int | None = None) -> list[tuple[int, float]]:
+        """(index, score) best first; equal scores keep the order they were sent in."""
+        scores = self.scores(rows, raw)
+        return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")[:top_n]]
+
+    def answer(self, rows: np.ndarray, texts: list[str], raw: bool, top_n: int | None,
+               return_text: bool) -> list[dict[str, Any]]:
+        """The ranking in the shape /predict and TEI's /rerank answer."""
+        return [{"index": i, "score": score, **({"text": texts[i]} if return_text else {})}
+                for i, score in self.ranked(rows, raw, top_n)]
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        scores = self.scores(rows, parsed.params["raw_scores"])
-        texts = parsed.params["texts"]
-        result = []
-        for i in self.order(scores, parsed.params["top_n"]):
-            item: dict[str, Any] = {"index": i, "score": float(scores[i])}
-            if parsed.params["return_text"]:
-                item["text"] = texts[i]
-            result.append(item)
-        return result
+        params = parsed.params
+        return self.answer(rows, params["texts"], params["raw_scores"], params["top_n"], params["return_text"])
