@@ -266,9 +266,34 @@ def tiny_config(family: str, vocab_size: int, labels: list[str] | None = None):
     return AutoConfig.for_model(family, **kwargs)
 
 
-def build_tiny_family(family: str, task: str, out: Path, seed: int = 0) -> Path:
+# Trained transformers grow a few channels whose norm weights dwarf the rest ("massive activations"); random
+# weights have none, and INT8 looks trivially faithful on them. The tiny models scale the same few channels of
+# every norm layer, so each family's INT8 path meets outliers like a trained checkpoint's.
+OUTLIER_CHANNELS, OUTLIER_GAIN = 3, 30.0
+
+
+def add_outlier_channels(model: Any, seed: int = 1) -> list[int]:
+    """Scales OUTLIER_CHANNELS channels (the same in every layer) of each hidden-size norm layer's weight by
+    OUTLIER_GAIN."""
+    from collections import Counter
+
+    import torch
+
+    norms = [module for module in model.modules() if type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
+             and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 1]
+    width = Counter(int(norm.weight.shape[0]) for norm in norms).most_common(1)[0][0]  # the hidden size
+    channels = torch.randperm(width, generator=torch.Generator().manual_seed(seed))[:OUTLIER_CHANNELS]
+    with torch.no_grad():
+        for norm in norms:
+            if norm.weight.shape[0] == width:
+                norm.weight[channels] *= OUTLIER_GAIN
+    return channels.tolist()
+
+
+def build_tiny_family(family: str, task: str, out: Path, seed: int = 0, outliers: bool = True) -> Path:
     """A tiny random `family` model: a sentence-transformers directory (mean pooling) for feature-extraction,
-    the family's own sequence-classification head otherwise."""
+    the family's own sequence-classification head otherwise; with outlier channels in its norm layers unless
+    `outliers` is False."""
     import torch
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -276,9 +301,13 @@ def build_tiny_family(family: str, task: str, out: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     if task == "feature-extraction":
         model = AutoModel.from_config(tiny_config(family, tokenizer.vocab_size)).eval()
+        if outliers:
+            add_outlier_channels(model)
     else:
         config = tiny_config(family, tokenizer.vocab_size, LABELS[task])
         model = AutoModelForSequenceClassification.from_config(config).eval()
+        if outliers:
+            add_outlier_channels(model)
         calibrate_head(model, tokenizer, task)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
