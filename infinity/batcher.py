@@ -124,10 +124,16 @@ class Batcher:
 
     async def submit(self, items: list[Encoded], admit_always: bool = False) -> Outcome:
         """Queue one request's rows and wait for them; cancelling the caller drops the entry if still queued."""
-        if not items:
+        (outcome,) = await self.submit_parts([items], admit_always)
+        return outcome
+
+    async def submit_parts(self, parts: list[list[Encoded]], admit_always: bool = False) -> list[Outcome]:
+        """Queue one request's rows as several entries at once (each at most a batch), refused together when the
+        queue is full, and wait for them all; the first failure is the request's."""
+        if not parts or not all(parts):
             raise ValueError("nothing to run")
         loop = asyncio.get_running_loop()
-        entry = _Entry(items, loop, loop.create_future())
+        entries = [_Entry(items, loop, loop.create_future()) for items in parts]
         with self._cond:
             if self._stopped and not self._stop:
                 raise BackendError("the engine thread stopped")
@@ -137,15 +143,20 @@ class Batcher:
                 raise NotReady("the engine has not started")
             if not admit_always and len(self._queue) >= self.max_queue:
                 raise Overloaded(f"{len(self._queue)} requests are already waiting; retry later")
-            self._queue.append(entry)
+            self._queue.extend(entries)
             self._cond.notify()
         try:
-            return await entry.future
+            results = await asyncio.gather(*(entry.future for entry in entries), return_exceptions=True)
         except asyncio.CancelledError:
             with self._cond:
-                if entry in self._queue:
-                    self._queue.remove(entry)
+                for entry in entries:
+                    if entry in self._queue:
+                        self._queue.remove(entry)
             raise
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [result for result in results if isinstance(result, Outcome)]
 
     async def close(self, timeout: float) -> None:
         """Refuse new work, let queued work finish (up to timeout), then stop the thread."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.batcher import Batcher, BatchReport, padded_tokens
+from infinity.batcher import Batcher, BatchReport, Outcome, padded_tokens
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, ValidationError
 from infinity.metrics import Metrics
 from infinity.model import LoadedModel
@@ -66,6 +66,17 @@ class Permit:
         if self.service is not None:
             self.service.in_flight -= 1
             self.service = None
+
+
+def joined(outcomes: list[Outcome]) -> Outcome:
+    """The parts of one request as one outcome: rows in order (token rows padded to the longest part's width;
+    each input's own length cuts them again), the longest wait, and the engine time of every part."""
+    rows = [outcome.rows for outcome in outcomes]
+    widest = np.max([row.shape for row in rows], axis=0)
+    padded = [np.pad(row, [(0, 0), *((0, int(w) - n) for w, n in zip(widest[1:], row.shape[1:]))]) for row in rows]
+    return Outcome(np.concatenate(padded), max(outcome.queue_s for outcome in outcomes),
+                   sum(outcome.inference_s for outcome in outcomes), sum(outcome.batch_size for outcome in outcomes),
+                   sum(outcome.batch_tokens for outcome in outcomes))
 
 
 class Service:
@@ -144,14 +155,21 @@ class Service:
             permit.release()
 
     async def run(self, request: Request) -> Result:
-        """Tokenize, queue and run one request as a unit (never split across batches)."""
+        """Tokenize, queue and run one request: as one batch entry, or, past max_batch_size inputs, as entries of
+        at most that many queued together and joined into one answer."""
         started = time.perf_counter()
         if request.size > self.settings.max_inputs_per_request:
-            raise PayloadTooLarge(f"{request.size} inputs in one request; "
-                                  f"the limit is {self.settings.max_inputs_per_request}")
+            raise PayloadTooLarge(f"{request.size} inputs in one request; the limit is "
+                                  f"{self.settings.max_inputs_per_request} (--max-inputs-per-request)")
         encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
         tokenized = time.perf_counter()
-        outcome = self.batcher.run_here(encoded) if self._lone(encoded, tokenized) else None
+        part = self.settings.max_batch_size
+        outcome: Outcome | None = None
+        if len(encoded) > part:
+            outcome = joined(await self.batcher.submit_parts(
+                [encoded[start:start + part] for start in range(0, len(encoded), part)]))
+        elif self._lone(encoded, tokenized):
+            outcome = self.batcher.run_here(encoded)
         if outcome is None:
             outcome = await self.batcher.submit(encoded)
         timings = Timings(tokenization_s=tokenized - started, queue_s=outcome.queue_s,

@@ -38,7 +38,9 @@ class Settings:
     max_batch_tokens: int = option(16384, "padded tokens (rows x longest input) per batch")
     max_batch_size: int = option(32, "rows per batch")
     max_queue: int = option(128, "requests waiting for the engine before new ones get 429")
-    max_inputs_per_request: int = option(32, "texts in one request (at most max_batch_size)")
+    max_inputs_per_request: int = option(512, "texts in one request; a request with more than max_batch_size is "
+                                              "run as parts of at most that many, queued together, and answered "
+                                              "whole; more than this: 413")
     max_payload_bytes: int = option(1_000_000, "request body limit in bytes")
     tokenizer_workers: int = option(2, "threads that tokenize and post-process")
     drain_timeout: float = option(30.0, "seconds to finish in-flight requests after SIGTERM")
@@ -99,9 +101,6 @@ class Settings:
             raise ValueError("max_connections must be at least 1")
         if self.max_header_bytes < 1024:
             raise ValueError("max_header_bytes must be at least 1024")
-        if self.max_inputs_per_request > self.max_batch_size:
-            # a request is never split across batches
-            raise ValueError("max_inputs_per_request must not exceed max_batch_size")
         if any(not key or key != key.strip() or any(c in key for c in ", \n") for key in self.api_keys):
             raise ValueError("an API key must be non-empty, without spaces, commas or surrounding blanks")
         if self.request_timeout < 0:

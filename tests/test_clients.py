@@ -211,7 +211,8 @@ def test_the_openapi_document_agrees_with_the_server(embedder: Server) -> None:
 
     spec = httpx.get(embedder.url + "/openapi.json", headers={"authorization": f"Bearer {KEY}"}, timeout=60).json()
     bodies = {
-        "/predict": [{"inputs": "ok"}, {"inputs": ""}, {"inputs": " "}, {"inputs": ["a"] * 33}, {"inputs": ["a"] * 32},
+        "/predict": [{"inputs": "ok"}, {"inputs": ""}, {"inputs": " "}, {"inputs": ["a"] * 513},
+                     {"inputs": ["a"] * 512},
                      {"inputs": "x", "options": {"wait_for_model": True}}, {"inputs": "x", "extra": 1},
                      {"inputs": "x", "parameters": {"normalize": "yes"}}, {"inputs": "x", "normalize": False},
                      {"inputs": {"source_sentence": "a", "sentences": ["b"]}}],

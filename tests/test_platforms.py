@@ -140,8 +140,8 @@ def test_vertex_serves_its_routes_from_the_aip_variables(vertex: str) -> None:
 
 
 def test_vertex_refuses_too_many_inputs_and_bad_instances(vertex: str) -> None:
-    too_many = post(vertex + VERTEX_PREDICT, {"instances": [TEXTS] * 20})  # 40 texts, 32 allowed
-    assert too_many.status_code == 413 and "limit is 32" in too_many.json()["error"]
+    too_many = post(vertex + VERTEX_PREDICT, {"instances": [TEXTS] * 300})  # 600 texts, 512 allowed
+    assert too_many.status_code == 413 and "limit is 512" in too_many.json()["error"]
     assert post(vertex + VERTEX_PREDICT, {"instances": [3]}).status_code == 422
     assert post(vertex + VERTEX_PREDICT, {"inputs": TEXTS}).status_code == 422
 
@@ -245,7 +245,7 @@ def test_openapi_lists_every_platform_route(vertex: str) -> None:
     # each body is judged by the published schema and by the server; the verdicts must match
     text = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}
     bodies = {VERTEX_PREDICT: [{"instances": ["a"]}, {"instances": []}, {"instances": [3]}, {"instances": [""]},
-                               {"instances": ["a"], "parameters": {"normalize": "yes"}}, {"instances": ["a"] * 33},
+                               {"instances": ["a"], "parameters": {"normalize": "yes"}}, {"instances": ["a"] * 513},
                                {"instances": [{"source_sentence": "a", "sentences": ["b"]}]}],
               f"/v2/models/{name}/infer": [{"inputs": [text]}, {"inputs": [{**text, "datatype": "FP32"}]},
                                            {"inputs": [{**text, "data": [""]}]}, {"inputs": []},

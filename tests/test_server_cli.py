@@ -43,7 +43,7 @@ def test_a_setting_that_defaults_on_can_be_turned_off_by_flag_or_environment() -
     (["--port", "eighty"], {}, "--port must be an integer"),
     ([], {"INFINITY_ALLOW_CPU_MISMATCH": "maybe"}, "INFINITY_ALLOW_CPU_MISMATCH must be true or false"),
     (["--max-batch-size", "0"], {}, "max_batch_size must be at least 1"),
-    (["--max-inputs-per-request", "64", "--max-batch-size", "8"], {}, "must not exceed max_batch_size"),
+    (["--max-inputs-per-request", "0"], {}, "max_inputs_per_request must be at least 1"),
     (["--log-level", "loud"], {}, "log_level must be one of"),
     (["--spin-wait-us", "0"], {}, "spin_wait_us must be at least 1"),
     ([], {"INFINITY_SPIN_WAIT_US": "2000000"}, "spin_wait_us must be at most 1000000"),
