@@ -124,11 +124,12 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
             + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
 
-    search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)]  # what the fallback search tunes on
+    # what the INT8 recipe and its fallback search tune on; a float graph tunes nothing
+    search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)] if precision == "int8" else []
     heldout = heldout_inputs(options.task)       # what the manifest's parity is measured on, and nothing else
     thresholds = {**THRESHOLDS[options.task], **(options.thresholds or {})}
     with stages.stage("reference"):
-        reference = torch_reference(source, search_inputs)
+        reference = torch_reference(source, search_inputs) if search_inputs else []
         heldout_reference = torch_reference(source, heldout)
     tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
     feeder = Feeder(tokenizer)
