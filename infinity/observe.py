@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity.logs import request_log, timings
@@ -84,13 +85,7 @@ class Observed:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sent: list[tuple[bytes, bytes]] = scope["headers"]
-
-        def header(name: str) -> str | None:
-            wanted = name.encode("latin-1")
-            return next((value.decode("latin-1") for key, value in sent if key == wanted), None)
-
-        seen = self.observers.begin(scope["method"], scope["path"], header)
+        seen = self.observers.begin(scope["method"], scope["path"], Headers(scope=scope).get)
         answer: dict[str, Any] = {"status": 500, "headers": []}
 
         async def tagged_send(message: Message) -> None:
