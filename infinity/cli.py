@@ -169,12 +169,11 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 def serve(directory: Path, settings: Settings) -> int:
     from infinity.app import create_app
     from infinity.core import Core
-    from infinity.http.server import bind, check_uvicorn, run
+    from infinity.http.server import bind, run
 
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)
     check(directory, settings)
-    check_uvicorn()
     sock = bind(settings.host, settings.port)
     try:
         core = Core.build(open_checked(directory, settings, threads), settings)

@@ -105,4 +105,4 @@ class Core:
     def lane(self) -> Lane:
         settings = self.service.settings
         return Lane({f"POST {path} ".encode(): path for path in self.inference}, settings.max_payload_bytes, self,
-                    self.observers, access_log=settings.access_log)
+                    self.observers)

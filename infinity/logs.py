@@ -36,10 +36,3 @@ def setup(level: str, json_lines: bool) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(PLAIN_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
-    if json_lines:
-        # uvicorn installs its own formatters from this dict when the server starts
-        from uvicorn.config import LOGGING_CONFIG
-
-        for formatter in LOGGING_CONFIG["formatters"].values():
-            formatter.clear()
-            formatter["()"] = "infinity.logs.JsonFormatter"

@@ -14,13 +14,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from infinity.app import create_app
 from infinity.core import Core
 from infinity.http.heads import declared_body
-from infinity.http.lane import LaneProtocol
+from infinity.http.connection import Shared
+from infinity.http.lane import LaneConnection
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
@@ -297,16 +296,15 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
     auth = b"Authorization: Bearer k\r\n" if options else b""
     core = Core.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
     app = create_app(core)
-    made: list[LaneProtocol] = []
+    made: list[LaneConnection] = []
 
     async def main() -> tuple[bytes, bytes]:
         async with app.router.lifespan_context(app) as state:
-            config = uvicorn.Config(app, lifespan="off")
-            config.load()
             http = lane_protocol(protocol_class(limits(settings), core.gate()), core.lane())
+            shared = Shared(app, keep_alive=5.0, state=dict(state))
 
-            def connection() -> LaneProtocol:
-                made.append(http(config=config, server_state=ServerState(), app_state=dict(state)))
+            def connection() -> LaneConnection:
+                made.append(http(shared))
                 return made[-1]
 
             listener = await asyncio.get_running_loop().create_server(connection, "127.0.0.1", 0)
@@ -318,14 +316,14 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
                 await reader.readexactly(int(value(head[:-4], b"content-length")))
                 answers.append(head)
                 if not answers[1:]:
-                    assert made[0].cycle is None
+                    assert made[0].exchange is None
             writer.close()
             listener.close()
             return answers[0], answers[1]
 
     lane_head, parser_head = asyncio.run(asyncio.wait_for(main(), WAIT))
     assert b" 200 " in lane_head.split(b"\r\n")[0] and b" 200 " in parser_head.split(b"\r\n")[0]
-    assert made[0].cycle is not None  # the chunked request went through the parser and a cycle
+    assert made[0].exchange is not None  # the chunked request went through the parser and an exchange
 
 
 def test_with_the_access_log_on_plain_requests_are_logged(minilm_fp32_artifact: Path, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ import httpx
 import orjson
 import pytest
 
-from infinity.http import adapter
 from infinity.http.heads import refusal
 from tests.servers import WAIT, Reader, Server, running
 
@@ -53,18 +52,6 @@ def server(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory)
 def keyed(minilm_fp32_artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running(minilm_fp32_artifact, tmp_path_factory.mktemp("keyed") / "server.log", "--api-key", KEY) as started:
         yield started
-
-
-def test_the_uvicorn_internals_the_transport_relies_on_are_all_there() -> None:
-    assert adapter.missing() == []
-
-
-def test_an_upgrade_that_removes_an_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(adapter.HttpToolsProtocol, "send_400_response")
-    monkeypatch.delattr(adapter.RequestResponseCycle, "__init__")  # its constructor no longer takes the arguments
-    absent = adapter.missing()
-    assert "HttpToolsProtocol.send_400_response" in absent
-    assert any(entry.startswith("uvicorn's constructors changed") for entry in absent)
 
 
 @pytest.mark.parametrize("version, headers, upgrade, expected", [

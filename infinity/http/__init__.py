@@ -1,1 +1,1 @@
-"""The transport: sockets, HTTP/1.1 framing and uvicorn. Nothing else in the server imports uvicorn."""
+"""The transport: the listening socket, HTTP/1.1 connections over httptools, the guards and the short lane."""

@@ -19,13 +19,12 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from infinity.errors import ErrorType
-from infinity.http.adapter import STATUS_LINE
+from infinity.http.connection import STATUS_LINE
 from infinity.http.heads import declared_body, header, route_of
-from infinity.http.protocol import GuardedHttpToolsProtocol
+from infinity.http.protocol import GuardedConnection
 from infinity.observe import Observers, Seen
 
 log = logging.getLogger("infinity.http")
-access = logging.getLogger("uvicorn.access")
 
 
 class Permit(Protocol):
@@ -54,7 +53,6 @@ class Lane:
     max_body: int  # a larger declared body takes the usual path, which answers 413
     core: Core
     observers: Observers
-    access_log: bool = False
 
 
 def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool,
@@ -70,7 +68,7 @@ def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: 
     return b"".join(lines)
 
 
-class LaneProtocol(GuardedHttpToolsProtocol):
+class LaneConnection(GuardedConnection):
     lane: Lane
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -106,7 +104,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             super()._whole_head(data, end)
             return
         self._disarm()
-        self._unset_keepalive_if_required()
+        self.stop_keep_alive()
         self.path, self.request_head, self.wanted = path, data[:end], wanted
         if len(data) - end >= wanted:  # the usual case: the body came with its head
             self._answer(data[end:end + wanted], data[end + wanted:])
@@ -147,7 +145,7 @@ class LaneProtocol(GuardedHttpToolsProtocol):
             return
         self.permit, self.gone = permit, False
         self.task = self.loop.create_task(self._respond(seen, body, permit))
-        self.tasks.add(self.task)
+        self.shared.tasks.add(self.task)
         self.task.add_done_callback(self._answered)
 
     async def _respond(self, seen: Seen, body: bytes, permit: Permit) -> None:
@@ -166,19 +164,16 @@ class LaneProtocol(GuardedHttpToolsProtocol):
 
     def _write(self, seen: Seen, response: Response) -> None:
         # logged first, so that a client that has its answer finds the lines
-        if self.lane.access_log:
-            client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
-            # uvicorn's access-log formatter reads exactly these five arguments
-            access.info('%s - "%s %s HTTP/%s" %d', client, "POST", seen.path, "1.1", response.status_code)
+        self.shared.log_access(self.client, "POST", seen.path, "1.1", response.status_code)
         self.lane.observers.end(seen, response.status_code, response.raw_headers)
-        self.transport.write(wire(response, self.server_state.default_headers, self.closing, (seen.header,)))
+        self.transport.write(wire(response, self.shared.default_headers, self.closing, (seen.header,)))
 
     def _header(self, name: str) -> str | None:
         value = header(self.request_head, name.encode("latin-1"))
         return None if value is None else value.decode("latin-1")
 
     def _answered(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
+        self.shared.tasks.discard(task)
         if self.permit is not None:
             self.permit.release()  # the core released it already, unless the task was cancelled before it began
             self.permit = None
@@ -191,7 +186,6 @@ class LaneProtocol(GuardedHttpToolsProtocol):
     def _next(self) -> None:
         """The request is answered: close if asked to, else read what came meanwhile, or wait idle."""
         self.path, self.request_head = None, b""
-        self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
         if self.closing:
@@ -237,5 +231,5 @@ class LaneProtocol(GuardedHttpToolsProtocol):
         super()._expired()
 
 
-def protocol(base: type[GuardedHttpToolsProtocol], lane: Lane) -> type[LaneProtocol]:
-    return type("LaneProtocol", (LaneProtocol, base), {"lane": lane})
+def protocol(base: type[GuardedConnection], lane: Lane) -> type[LaneConnection]:
+    return type("LaneConnection", (LaneConnection, base), {"lane": lane})

@@ -1,9 +1,9 @@
 """Guards below the app: a bounded request head, a bounded number of connections, deadlines for slow clients.
 
-uvicorn's httptools protocol hands every byte to the parser, which joins a header value piece by piece
-(a 128 MB header cost 27 s of CPU on the event loop), and starts no timer until a first response is sent.
-This subclass gathers a request head itself and feeds it to the parser whole, once it is known to fit;
-the usual request, whose head arrives in one read, goes straight through after one search for its end.
+Handed every byte, the parser joins a header value piece by piece (a 128 MB header cost 27 s of CPU on the event
+loop), and nothing times a client out before its first answer. This subclass gathers a request head itself and
+feeds it to the parser whole, once it is known to fit; the usual request, whose head arrives in one read, goes
+straight through after one search for its end.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinity.errors import ErrorType
-from infinity.http.adapter import HttpToolsProtocol
+from infinity.http.connection import Connection
 from infinity.http.heads import canned, declared_body, end_of_head, refusal, route_of, target_of
 
 log = logging.getLogger("infinity.http")
@@ -62,10 +62,10 @@ class Gate:
         return answer
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedConnection(Connection):
     limits: Limits
     gate: Gate
-    idle_ones: dict[GuardedHttpToolsProtocol, None]  # open connections waiting for a request, longest first
+    idle_ones: dict[GuardedConnection, None]  # open connections waiting for a request, longest first
     last_warning = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -77,17 +77,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.deadline: asyncio.TimerHandle | None = None
         self.refused = False
         self.held: asyncio.TimerHandle | None = None  # not read until a 429's Retry-After has passed
+        self.counted = False  # among the server's connections (not refused at the cap)
 
     # connections
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections and not self._evict_idle():
-            self.transport = transport
-            self._warn("refusing connections: %d are open, the limit", len(self.connections))
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self.shared.connections) >= self.limits.max_connections and not self._evict_idle():
+            self.transport = transport  # type: ignore[assignment]
+            self._warn("refusing connections: %d are open, the limit", len(self.shared.connections))
             self._reject(ErrorType.TOO_MANY_CONNECTIONS, "too many open connections; retry later",
                          "too_many_connections", extra="retry-after: 1\r\n")
             return
         super().connection_made(transport)
+        self.counted = True
         self.idle_ones[self] = None
         self._arm(self.limits.header_timeout)
 
@@ -96,13 +98,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.held is not None:
             self.held.cancel()
         self.idle_ones.pop(self, None)
-        if self.flow is None:  # refused before it was counted
+        if not self.counted:  # refused at the cap
             return
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        waiting = self.pipeline or (self.cycle is not None and not self.cycle.response_complete)
+        waiting = self.queue or (self.exchange is not None and not self.exchange.response_complete)
         if not (self.in_message or self.head or waiting or self.transport.is_closing()):
             self.idle_ones[self] = None
 
@@ -113,7 +115,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             victim = next(iter(self.idle_ones))
             del self.idle_ones[victim]
             if not victim.transport.is_closing():
-                self.connections.discard(victim)
+                self.shared.connections.discard(victim)
                 victim.transport.close()
                 self.gate.rejected("idle_evicted")
                 return True
@@ -141,12 +143,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.idle_ones.pop(self, None)
             end = end_of_head(data, 0)
             if 0 <= end <= limit:  # the usual case: a whole head in one read
-                if self.cycle is None or (self.cycle.response_complete and not self.pipeline):
+                if self.exchange is None or (self.exchange.response_complete and not self.queue):
                     self._whole_head(data, end)
                 else:  # behind an answer still being written: the parser keeps the order of answers
                     self._feed(data)
                 return
-            self._unset_keepalive_if_required()
+            self.stop_keep_alive()
             if self.deadline is None:
                 self._arm(self.limits.header_timeout)
         start = max(0, len(self.head) - 3)
@@ -167,13 +169,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         # answered as a keep-alive response: the connection is idle again once its hold is over
         self._disarm()  # the head arrived: its deadline must not close the connection later
-        self._unset_keepalive_if_required()
+        self.stop_keep_alive()
         self.transport.write(shed)
         self._hold(self._idle)
 
     def _idle(self) -> None:
         self.idle_ones[self] = None
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self.start_keep_alive()
 
     def _hold(self, then: Callable[[], None]) -> None:
         """After a 429, read nothing more from the connection until its Retry-After has passed, then do `then`.
@@ -191,7 +193,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         then()
 
     def _feed(self, data: bytes) -> None:
-        super().data_received(data)  # the parser's errors come back through send_400_response
+        super().data_received(data)  # the parser's errors come back through bad_request
         if self.refused or self.transport.is_closing() or self.deadline is not None or not self.in_message:
             return
         self._arm(self.limits.body_timeout if self.head_done else self.limits.header_timeout)
@@ -235,9 +237,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.in_message = False
         self._disarm()
 
-    def send_400_response(self, msg: str) -> None:
+    def bad_request(self, message: str) -> None:
         """A request the parser cannot read: a JSON 400 in the route's shape, then close."""
-        self._reject(ErrorType.BAD_REQUEST, "the request is not valid HTTP/1.1", "bad_request")
+        if not self.refused:  # (an upgrade refused on its head comes back here once the parser stops)
+            self._reject(ErrorType.BAD_REQUEST, "the request is not valid HTTP/1.1", "bad_request")
 
     # deadlines and refusals
 
@@ -267,7 +270,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _path(self) -> bytes:
         """The path of the request being refused, to answer in its route's shape (b"" if none is known)."""
         if self.in_message:
-            return bytes(getattr(self, "url", b"")).partition(b"?")[0]  # the target, as the parser has read it
+            return bytes(self.url).partition(b"?")[0]  # the target, as the parser has read it
         return target_of(self.head)
 
     def _reject(self, kind: ErrorType, message: str, reason: str, extra: str = "", status: int | None = None) -> None:
@@ -279,12 +282,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.gate.rejected(reason)
         self.head.clear()
         self.idle_ones.pop(self, None)
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True  # the app, if it waits on this body, hears a disconnect and writes nothing
-            cycle.message_event.set()
+        exchange = self.exchange
+        if exchange is not None and not exchange.response_complete:
+            exchange.disconnected = True  # the app, if it waits on this body, hears a disconnect and writes nothing
+            exchange.event.set()
         # a body that stalls after the app has answered (a 413 on its declared length) gets no second answer
-        answered = self.in_message and self.head_done and cycle is not None and cycle.response_started
+        answered = self.in_message and self.head_done and exchange is not None and exchange.response_started
         if not answered:
             self.transport.write(response)
         if self.transport.can_write_eof():
@@ -293,11 +296,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _warn(self, message: str, *args: Any) -> None:
         now = time.monotonic()
-        if now - GuardedHttpToolsProtocol.last_warning >= WARN_EVERY_S:
-            GuardedHttpToolsProtocol.last_warning = now
+        if now - GuardedConnection.last_warning >= WARN_EVERY_S:
+            GuardedConnection.last_warning = now
             log.warning(message, *args)
 
 
-def protocol_class(limits: Limits, gate: Gate | None = None) -> type[GuardedHttpToolsProtocol]:
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+def protocol_class(limits: Limits, gate: Gate | None = None) -> type[GuardedConnection]:
+    return type("GuardedConnection", (GuardedConnection,),
                 {"limits": limits, "idle_ones": {}, "gate": gate or Gate()})

@@ -1,19 +1,24 @@
-"""The listening socket and the uvicorn server around the app."""
+"""The listening socket and the server's life: the app's startup, connections until a signal, then a drain."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
 
-import uvicorn
-from starlette.types import ASGIApp
+from starlette.applications import Starlette
 
-from infinity.http.adapter import missing
+from infinity.http.connection import Shared
 from infinity.http.lane import Lane
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import Gate, Limits, protocol_class
 from infinity.preflight import StartupError
 from infinity.settings import Settings
+
+try:
+    import uvloop
+except ImportError:  # not on Windows
+    uvloop = None  # type: ignore[assignment]
 
 try:
     import resource
@@ -22,6 +27,8 @@ except ImportError:  # not on Windows
 
 log = logging.getLogger("infinity.http")
 SPARE_FILES = 64  # descriptors kept for everything but client connections (listener, loop, logs, refusals)
+BACKLOG = 2048  # connections the kernel holds before accept
+CANCELLED_WRITE_S = 5.0  # after the drain deadline, how long cancelled requests get to write their 503
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -70,28 +77,69 @@ def limits(settings: Settings) -> Limits:
                   refusal_hold=float(settings.retry_after))
 
 
-def check_uvicorn() -> None:
-    """The transport relies on a few of uvicorn's internals: an upgrade that removed one stops here, by name."""
-    absent = missing()
-    if absent:
-        raise StartupError(f"this uvicorn lacks what the server relies on: {', '.join(absent)}; "
-                           "install the version pyproject.toml names")
+def run(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+    """Serve until SIGTERM or SIGINT, then drain; 0 after a clean shutdown, 1 if the app's startup failed."""
+    runner = asyncio.run if uvloop is None else uvloop.run
+    return runner(serve(app, settings, sock, gate, lane))
 
 
-def run(app: ASGIApp, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop, force = asyncio.Event(), asyncio.Event()  # a second signal cuts the drain short
+
+    def signalled() -> None:
+        (force if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signalled)
     http = protocol_class(limits(settings), gate)
     if lane is not None:
         http = lane_protocol(http, lane)
-    config = uvicorn.Config(app, http=http, ws="none", lifespan="on",
-                            log_level=settings.log_level, access_log=settings.access_log,
-                            # uvicorn annotates these as int; it passes them to call_later and wait_for
-                            timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
-                            timeout_graceful_shutdown=settings.drain_timeout)  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal it shut down on; a quiet handler makes that a clean exit 0
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, frame: None)
-    host, port = sock.getsockname()[:2]
-    log.info("bound to http://%s:%d; listening once the model is warm", f"[{host}]" if ":" in host else host, port)
-    server.run(sockets=[sock])
-    return 0 if server.started else 1
+    shared = Shared(app, keep_alive=settings.keep_alive_timeout, access_log=settings.access_log)
+    try:
+        async with app.router.lifespan_context(app) as state:
+            shared.state = dict(state or {})
+            server = await loop.create_server(lambda: http(shared), sock=sock, backlog=BACKLOG)
+            clock = loop.create_task(_tick(shared))
+            host, port = sock.getsockname()[:2]
+            log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+            await stop.wait()
+            log.info("shutting down: %d connections open, %d requests in flight", len(shared.connections),
+                     len(shared.tasks))
+            server.close()
+            for connection in list(shared.connections):
+                connection.shutdown()
+            await _drain(shared, settings.drain_timeout, force)
+            clock.cancel()
+    except Exception:
+        log.exception("the server stopped on an error")
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+async def _tick(shared: Shared) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        shared.tick()
+
+
+async def _drain(shared: Shared, timeout: float, force: asyncio.Event) -> None:
+    """Wait until every answer is written and every connection closed, up to `timeout` (or a second signal);
+    then cancel what is left: a request cancelled at the deadline still answers 503."""
+    async def finished() -> None:
+        while shared.connections or shared.tasks:
+            await asyncio.sleep(0.05)
+
+    waiting = [asyncio.ensure_future(finished()), asyncio.ensure_future(force.wait())]
+    await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    for future in waiting:
+        future.cancel()
+    left = list(shared.tasks)
+    if left:
+        log.warning("cancelling %d requests still unanswered after the drain timeout", len(left))
+        for task in left:
+            task.cancel()
+        await asyncio.wait(left, timeout=CANCELLED_WRITE_S)
