@@ -93,7 +93,7 @@ class Core:
     def refusal(self, endpoint: Endpoint) -> bytes:
         """The whole 429 of one route, in its family's error shape, for refusals made on the socket."""
         status, body = endpoint.family.error(ErrorType.OVERLOADED, "the server is at capacity; retry later")
-        return canned(status, body, f"retry-after: {self.service.settings.retry_after}\r\n", close=False)
+        return canned(status, body, ((b"retry-after", str(self.service.settings.retry_after).encode()),), close=False)
 
     def gate(self) -> Gate:
         metrics = self.service.metrics

@@ -136,8 +136,8 @@ def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> None:
 
 
 @pytest.mark.parametrize("path", ["/fail", "/mute"])
-def test_an_app_that_fails_or_does_not_answer_gets_a_500_and_the_server_goes_on(path: str,
-                                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_an_app_that_fails_or_does_not_answer_gets_a_500_and_the_server_goes_on(
+        path: str, caplog: pytest.LogCaptureFixture) -> None:
     async def check(host: str, port: int) -> None:
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(request(path))

@@ -17,8 +17,8 @@ import pytest
 
 from infinity.app import create_app
 from infinity.core import Core
-from infinity.http.heads import declared_body
 from infinity.http.connection import Shared
+from infinity.http.heads import declared_body
 from infinity.http.lane import LaneConnection
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import protocol_class

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
@@ -30,6 +31,18 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _INTERNAL_ERROR = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"),
                    (b"connection", b"close")]
+
+
+def serialized(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes = b"", close: bool = False) -> bytes:
+    """A response as it goes on the wire: status line, headers (with connection: close when the connection ends
+    after it), blank line, body. Every answer the server writes is made here."""
+    lines = [STATUS_LINE[status]]
+    for name, value in headers:
+        lines += [name, b": ", value, b"\r\n"]
+    if close:
+        lines.append(b"connection: close\r\n")
+    lines += [b"\r\n", body]
+    return b"".join(lines)
 
 
 @dataclass
@@ -167,9 +180,9 @@ class Exchange:
         scope = self.scope
         target = scope["path"] + ("?" + scope["query_string"].decode("ascii") if scope["query_string"] else "")
         self.connection.shared.log_access(scope["client"], scope["method"], target, scope["http_version"], status)
-        lines = [STATUS_LINE[status]]
         says_close = False
-        for name, value in (*self.connection.shared.default_headers, *headers):
+        written = [*self.connection.shared.default_headers]
+        for name, value in headers:
             if _TOKEN.fullmatch(name) is None or _UNSAFE_VALUE.search(value) is not None:
                 raise RuntimeError(f"invalid response header {name!r}")
             name = name.lower()
@@ -179,14 +192,11 @@ class Exchange:
                 self.remaining, self.chunked = 0, True
             elif name == b"connection" and b"close" in [token.strip() for token in value.lower().split(b",")]:
                 self.keep_alive, says_close = False, True
-            lines += [name, b": ", value, b"\r\n"]
-        if not self.keep_alive and not says_close:
-            lines.append(b"connection: close\r\n")
+            written.append((name, value))
         if self.chunked is None and scope["method"] != "HEAD" and status not in (204, 304):
             self.chunked = True
-            lines.append(b"transfer-encoding: chunked\r\n")
-        lines.append(b"\r\n")
-        self.transport.write(b"".join(lines))
+            written.append((b"transfer-encoding", b"chunked"))
+        self.transport.write(serialized(status, written, close=not self.keep_alive and not says_close))
 
     def write(self, body: bytes, more_body: bool) -> None:
         if self.scope["method"] == "HEAD":

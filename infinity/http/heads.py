@@ -5,18 +5,18 @@ Pure functions over the bytes a connection received, so every rule here is testa
 from __future__ import annotations
 
 import re
-from http import HTTPStatus
 from typing import Any
 
 import orjson
 
+from infinity.http.connection import serialized
 
-def canned(status: int, body: dict[str, Any], extra: str = "", close: bool = True) -> bytes:
+
+def canned(status: int, body: dict[str, Any], extra: tuple[tuple[bytes, bytes], ...] = (), close: bool = True) -> bytes:
     """A whole JSON response, written straight to the socket."""
     payload = orjson.dumps(body)
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(payload)}\r\n{extra}connection: {'close' if close else 'keep-alive'}\r\n\r\n")
-    return head.encode("ascii") + payload
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload)), *extra]
+    return serialized(status, headers, payload, close)
 
 
 def end_of_head(data: bytes | bytearray, start: int) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from infinity.errors import ErrorType
-from infinity.http.connection import STATUS_LINE
+from infinity.http.connection import serialized
 from infinity.http.heads import declared_body, header, route_of
 from infinity.http.protocol import GuardedConnection
 from infinity.observe import Observers, Seen
@@ -57,15 +57,10 @@ class Lane:
 
 def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: bool,
          extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
-    """A response as the usual path writes it: status line, the server's date and server headers, the
-    response's own headers, the request id, and connection: close when the connection ends after it."""
-    lines = [STATUS_LINE[response.status_code]]
-    for name, value in (*default_headers, *response.raw_headers, *extra):
-        lines += [name, b": ", value, b"\r\n"]
-    if close:
-        lines.append(b"connection: close\r\n")
-    lines += [b"\r\n", bytes(response.body)]
-    return b"".join(lines)
+    """A response as the usual path writes it: the server's date and server headers, the response's own
+    headers, the request id."""
+    return serialized(response.status_code, (*default_headers, *response.raw_headers, *extra), bytes(response.body),
+                      close)
 
 
 class LaneConnection(GuardedConnection):

@@ -86,7 +86,7 @@ class GuardedConnection(Connection):
             self.transport = transport  # type: ignore[assignment]
             self._warn("refusing connections: %d are open, the limit", len(self.shared.connections))
             self._reject(ErrorType.TOO_MANY_CONNECTIONS, "too many open connections; retry later",
-                         "too_many_connections", extra="retry-after: 1\r\n")
+                         "too_many_connections", extra=((b"retry-after", b"1"),))
             return
         super().connection_made(transport)
         self.counted = True
@@ -273,7 +273,8 @@ class GuardedConnection(Connection):
             return bytes(self.url).partition(b"?")[0]  # the target, as the parser has read it
         return target_of(self.head)
 
-    def _reject(self, kind: ErrorType, message: str, reason: str, extra: str = "", status: int | None = None) -> None:
+    def _reject(self, kind: ErrorType, message: str, reason: str, extra: tuple[tuple[bytes, bytes], ...] = (),
+                status: int | None = None) -> None:
         """Answer without the app in the route's error shape, stop reading into the parser, and close once the
         client has had the answer."""
         status, body = self.gate.error(self._path(), kind, message, status)
