@@ -43,8 +43,10 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
     model = load_torch_model(source)
     names = input_names(model)
     results: dict[int, np.ndarray] = {}
-    singles = [i for i, t in enumerate(inputs) if not isinstance(t, tuple)]
-    pairs = [i for i, t in enumerate(inputs) if isinstance(t, tuple)]
+    # batches of like lengths, as sentence-transformers' encode makes them: the least padding
+    by_length = sorted(range(len(inputs)), key=lambda i: len("".join(inputs[i])))
+    singles = [i for i in by_length if not isinstance(inputs[i], tuple)]
+    pairs = [i for i in by_length if isinstance(inputs[i], tuple)]
     for indices in (singles, pairs):
         for start in range(0, len(indices), 8):
             chunk = indices[start:start + 8]

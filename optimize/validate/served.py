@@ -84,14 +84,15 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
                alone: bool = True) -> ServedOutputs:
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
-    (padding, engine, the task's reduction). `alone` False: batched only, and `alone` answers the same."""
+    (padding, engine, the task's reduction). `alone` False, for a graph whose answers cannot depend on their
+    batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
     if isinstance(model.task, FeatureExtraction):  # texts get the default prompt, as a server gives it
         inputs = model.task.prompted(Request(list(inputs)), None).texts
     encoded = model.tokenizer.encode(inputs, truncate=True)
     singles = [row_values(model, model.forward([e])[0], len(e)) for e in encoded] if alone else []
     batched: list[np.ndarray | None] = [None] * len(inputs)
     largest = 0
-    for indices in mixed_batches([len(e) for e in encoded], settings):
+    for indices in mixed_batches([len(e) for e in encoded], settings, shuffled=alone):
         largest = max(largest, len(indices))
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
@@ -100,11 +101,14 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     return ServedOutputs(singles if alone else every, every, largest)
 
 
-def mixed_batches(lengths: list[int], settings: Settings) -> list[list[int]]:
+def mixed_batches(lengths: list[int], settings: Settings, shuffled: bool = True) -> list[list[int]]:
     """Shuffled batches filled as the server's batcher fills them: up to max_batch_size rows and
-    max_batch_tokens padded tokens (rows x longest)."""
+    max_batch_tokens padded tokens (rows x longest); `shuffled` False: filled in order of length."""
     order = list(range(len(lengths)))
-    random.Random(SHUFFLE_SEED).shuffle(order)
+    if shuffled:
+        random.Random(SHUFFLE_SEED).shuffle(order)
+    else:
+        order.sort(key=lengths.__getitem__)
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
@@ -128,7 +132,7 @@ class ServedParity:
 def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
                   settings: Settings = DEFAULTS, alone: bool = True) -> ServedParity:
     """`alone` False (for a graph whose answers cannot depend on their batch, while it is searched for): batched
-    only, half the time; the artifact's own check always runs both."""
+    only, in batches of like lengths, a fraction of the time; the artifact's own check always runs both."""
     task = model.manifest.source.task
     outputs = run_served(model, inputs, settings, alone)
     groups = ranking_group_sizes(inputs) if task == "ranking" else None
