@@ -68,6 +68,9 @@ class TokenizerFile:
     extra_files: list[str] = field(default_factory=list)
 
 
+RANGES = ("normalized", "unnormalized")  # the embedding_ranges of a feature-extraction artifact
+
+
 @dataclass
 class TaskFacts:
     pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"
@@ -78,6 +81,9 @@ class TaskFacts:
     id2label: dict[int, str] | None = None
     score_activation: str | None = None  # "sigmoid" | "softmax" | "none" (ranking / classification default)
     embedding_dim: int | None = None
+    # feature-extraction: each dimension's [minimums, maximums] over the vectors of the calibration texts, "normalized"
+    # and "unnormalized", for int8 and uint8 answers (sentence-transformers' quantize_embeddings ranges)
+    embedding_ranges: dict[str, list[list[float]]] | None = None
 
 
 @dataclass
@@ -268,6 +274,11 @@ def check_facts(manifest: Manifest) -> None:
         ("task.score_activation", facts.score_activation in (None, *ACTIVATIONS), f"one of {', '.join(ACTIVATIONS)}"),
         ("task.embedding_dim", facts.embedding_dim is None or facts.embedding_dim >= 1, "at least 1"),
         ("task.id2label", all(key >= 0 for key in facts.id2label or {}), "keyed by label indexes from 0"),
+        ("task.embedding_ranges", facts.embedding_ranges is None or (
+            set(facts.embedding_ranges) == set(RANGES) and all(
+                len(ranges) == 2 and len(ranges[0]) == len(ranges[1]) and all(a <= b for a, b in zip(*ranges))
+                for ranges in facts.embedding_ranges.values())),
+         f"{' and '.join(RANGES)}, each two lists of one number per dimension, minimums then maximums"),
     ]
     for where, ok, expected in checks:
         if not ok:

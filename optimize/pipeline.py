@@ -24,7 +24,7 @@ from infinity.manifest import (
 )
 from infinity.tokenization import TextInput, TextTokenizer
 from optimize import package
-from optimize.calibrate import Feeder
+from optimize.calibrate import Feeder, calibration_inputs
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.onnxio import copy_model, model_bytes, save_model
@@ -37,7 +37,7 @@ from optimize.validate.latency import latency_table, median_latency_ms
 from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.validate.probes import probe_inputs
 from optimize.validate.reference import Outputs, torch_reference
-from optimize.validate.served import ServedParity, load_candidate, served_parity
+from optimize.validate.served import ServedParity, embedding_ranges, load_candidate, served_parity
 
 Log = Callable[[str], None]
 
@@ -219,6 +219,12 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         parity = checked.result
         log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
         log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
+        facts = draft.task
+        if options.task == "feature-extraction":
+            # int8/uint8 answers: ranges from the texts the recipe saw, never the held-out ones
+            seen = [*calibration_inputs(options.task), *tuning_inputs(options.task), *probe_inputs(options.task)]
+            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(
+                load_candidate(staging, draft, final, options.threads), seen))
     if not parity.passed:
         report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
         if not options.allow_failed_parity:
@@ -229,6 +235,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         manifest = dataclasses.replace(
             draft,
             model=package.describe_model(final, precision),
+            task=facts,
             optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
                                       kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
                                       exported_bytes=model_bytes(exported), fusion_model_type=fusion.model_type),

@@ -22,6 +22,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     served = hf.endpoints(task, limit)
     if isinstance(task, FeatureExtraction):
         served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
+        served += cohere.embed_endpoints(task, limit)
     if isinstance(task, Ranking):
         served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
     served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
@@ -48,6 +49,7 @@ def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     others = [(path, openai.OPENAI, FeatureExtraction.name) for path in openai.EMBEDDINGS]
     others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.RERANK, tei.TEI, Ranking.name)]
     others += [(path, cohere.COHERE, Ranking.name) for path in cohere.RERANK]
+    others += [(path, cohere.COHERE, FeatureExtraction.name) for path in cohere.EMBED]
     result = []
     for path, family, needs in others:
         if path not in paths:

@@ -1,13 +1,16 @@
-"""Cohere's rerank API on /v1/rerank and /v2/rerank, the shape infinity-emb, vLLM and LiteLLM also speak."""
+"""Cohere's rerank API on /v1/rerank and /v2/rerank, the shape infinity-emb, vLLM and LiteLLM also speak, and its
+embed API on /v1/embed and /v2/embed, with the embedding types it names (float, int8, uint8, binary, ubinary)."""
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
+from infinity.api.hf import truncated
+from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
+from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.ranking import Ranking
 
 COHERE = Family("cohere", ErrorBody({"message": MESSAGE, "error_type": TYPE}))
@@ -15,6 +18,13 @@ ERRORS = {400: "Empty query or documents", 401: "Missing or wrong API key",
           413: "Body too large or too many documents", 422: "Malformed body or unknown field",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 RERANK = ("/v1/rerank", "/v2/rerank")
+EMBED = ("/v1/embed", "/v2/embed")
+INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
+# the model's prompt each input type takes, by the names sentence-transformers models give their prompts
+PROMPTS = {"search_query": ("search_query", "query"), "search_document": ("search_document", "document", "passage"),
+           "classification": ("classification",), "clustering": ("clustering",)}
+TRUNCATE: dict[str, dict[str, Any]] = {"NONE": {"truncate": False}, "START": {"truncation_direction": "left"},
+                                       "END": {}}
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
@@ -52,3 +62,62 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
     schema = body_schema(limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
                      tasks=(Ranking.name,), errors=ERRORS) for path in RERANK]
+
+
+def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
+    """The model's prompt for a Cohere input type: the first of PROMPTS[input_type] the model has, else its default."""
+    return next((name for name in PROMPTS.get(input_type or "", ()) if name in task.manifest.task.prompts), None)
+
+
+def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
+    types = Choice(PRECISIONS, description="float, int8 and uint8 (ranges calibrated at optimize time), "
+                                           "binary and ubinary (sign bits packed 8 to a byte)")
+    schema = Object({
+        "texts": Array(Text(), max_items=limit),
+        "model": Text(description="accepted; this server runs one model"),
+        "input_type": Choice(INPUT_TYPES, description="selects the model's prompt of that name (search_query also "
+                                                      "takes one named query; search_document, document or "
+                                                      "passage); without one, the model's default prompt"),
+        "embedding_types": Array(types, description="v2 answers float without it; v1 answers a plain float list"),
+        "truncate": Choice(tuple(TRUNCATE), default="END", case_insensitive=True,
+                           description="NONE answers 422 for inputs past the model's maximum length"),
+        "output_dimension": task.parameters()["dimensions"],
+        "max_tokens": Integer(minimum=1, description="accepted and ignored: inputs are cut at the model's maximum "
+                                                     "length"),
+    }, required=("texts",))
+
+    def endpoint(path: str) -> Endpoint:
+        version = path[2]
+
+        def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+            texts = body["texts"]
+            kinds = body.get("embedding_types")
+            by_type = kinds is not None or version == "2"
+            kinds = list(dict.fromkeys(kinds or ["float"]))
+            normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
+            task.check_precision(kinds)
+            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]])
+            request = task.prompted(request, prompt_for(task, body.get("input_type")))
+
+            def render(result: Result) -> Any:
+                vectors = {kind: task.answer_vectors(result.rows, kind, normalize, dimensions) for kind in kinds}
+                answer: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": texts, "meta": {
+                    "api_version": {"version": version}, "billed_units": {"input_tokens": result.tokens}}}
+                if by_type:
+                    answer.update(embeddings=vectors, response_type="embeddings_by_type")
+                else:
+                    answer.update(embeddings=vectors["float"], response_type="embeddings_floats")
+                return answer
+
+            return request, render
+
+        return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
+                        tasks=(FeatureExtraction.name,), errors=ERRORS)
+
+    vectors = {"type": "array", "items": task.vector_doc()}
+    answer_doc = {"type": "object", "required": ["id", "embeddings"], "properties": {
+        "id": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}},
+        "embeddings": {"oneOf": [vectors, {"type": "object", "properties": {kind: vectors for kind in PRECISIONS}}]},
+        "response_type": {"type": "string", "enum": ["embeddings_floats", "embeddings_by_type"]},
+        "meta": {"type": "object"}}}
+    return [endpoint(path) for path in EMBED]

@@ -39,10 +39,13 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
         "input": inputs,
         "model": Text(description="accepted; this server runs one model, whose name every answer carries"),
         "encoding_format": Choice(("float", "base64"), default="float",
-                                  description="base64: little-endian float32 bytes"),
+                                  description="base64: little-endian float32 bytes (at another precision, "
+                                              "each integer as a float32)"),
         "dimensions": task.parameters()["dimensions"],
         "user": Text(allow_blank=True, description="accepted and ignored"),
-        **task.prompt_fields(),  # not OpenAI's: the python client sends prompt_name with extra_body
+        # not OpenAI's: the python client sends these with extra_body
+        "precision": task.precision_field(),
+        **task.prompt_fields(),
     }, required=("input",))
 
 
@@ -65,8 +68,11 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) -> list[Endpoint]:
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        normalize = task.manifest.task.normalize
+        task.check_precision([body["precision"]])
+
         def render(result: Result) -> Any:
-            vectors = task.embed(result.rows, task.manifest.task.normalize, body.get("dimensions"))
+            vectors = task.answer_vectors(result.rows, body["precision"], normalize, body.get("dimensions"))
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
                     for i, v in enumerate(vectors)]
             return {"object": "list", "data": data, "model": name,

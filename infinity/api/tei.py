@@ -21,14 +21,15 @@ EMBED, RERANK = "/embed", "/rerank"
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
-                     "dimensions": task.parameters()["dimensions"], **task.prompt_fields(),
-                     **truncation()}, required=("inputs",))
+                     "dimensions": task.parameters()["dimensions"], "precision": task.precision_field(),
+                     **task.prompt_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+        task.check_precision([body["precision"]])
 
         def render(result: Result) -> Any:
-            return task.embed(result.rows, body["normalize"], body.get("dimensions"))
+            return task.answer_vectors(result.rows, body["precision"], body["normalize"], body.get("dimensions"))
 
         return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
 

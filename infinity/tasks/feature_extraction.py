@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from infinity.errors import ValidationError
-from infinity.manifest import Manifest
+from infinity.manifest import RANGES, Manifest
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task
 from infinity.tokenization import Encoded
@@ -43,13 +43,38 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)  # np.clip costs 2.4 us more
 
 
+PRECISIONS = ("float", "int8", "uint8", "binary", "ubinary")
+PRECISION_HELP = ("float; int8 or uint8 (each dimension in 256 steps over the range the optimizer calibrated on the "
+                  "full vectors; with dimensions, the first N steps); binary or ubinary (one sign bit per "
+                  "dimension, packed 8 to a byte): sentence-transformers' quantize_embeddings. Sentence-similarity "
+                  "answers cosines of the float vectors")
+
+
+def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) -> np.ndarray:
+    """Vectors as sentence-transformers' quantize_embeddings computes them, with the int8/uint8 `ranges`
+    (2 x dim) fixed at optimize time: a value past its dimension's range lands on the end step."""
+    if precision == "float":
+        return vectors
+    if precision in ("binary", "ubinary"):
+        packed = np.packbits(vectors > 0, axis=-1)
+        return packed if precision == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
+    assert ranges is not None
+    starts = ranges[0, :]
+    steps = (ranges[1, :] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)
+    steps_taken = np.clip(np.floor((vectors - starts) / steps), 0, 255)
+    return steps_taken.astype(np.uint8) if precision == "uint8" else (steps_taken - 128).astype(np.int8)
+
+
 class FeatureExtraction(Task):
     name = "feature-extraction"
-    top_level = ("normalize", "dimensions", "prompt_name")
+    top_level = ("normalize", "dimensions", "prompt_name", "precision")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
         self.default_prompt_name = manifest.task.default_prompt_name
+        ranges = manifest.task.embedding_ranges or {}
+        self.ranges = {name: np.asarray(value, dtype=np.float32) for name, value in ranges.items()}
 
     def use_default_prompt(self, name: str) -> None:
         """Serve with this prompt when a request names none (instead of the model's own default)."""
@@ -105,7 +130,29 @@ class FeatureExtraction(Task):
                                      description="scale each vector to unit length"),
                 "dimensions": Integer(minimum=1, maximum=self.dim,
                                       description="keep the first N dimensions (Matryoshka), then normalize"),
+                "precision": self.precision_field(),
                 **self.prompt_fields()}
+
+    def precision_field(self) -> Choice:
+        return Choice(PRECISIONS, default="float", description=PRECISION_HELP)
+
+    def check_precision(self, precisions: list[str]) -> None:
+        """int8 and uint8 need the ranges the optimizer writes into the manifest."""
+        ranged = [p for p in precisions if p in ("int8", "uint8")]
+        if ranged and not self.ranges:
+            raise ValidationError(f"{ranged[0]} needs the per-dimension ranges the optimizer writes into the manifest, "
+                                  "and this artifact has none: optimize the model again, or ask for binary or ubinary")
+
+    def answer_vectors(self, rows: np.ndarray, precision: str, normalize: bool,
+                       dimensions: int | None = None) -> np.ndarray:
+        """Pooled rows -> the vectors a client asked for: cut to `dimensions`, normalized, at `precision`. int8 and
+        uint8 are the full vector's steps over its calibrated ranges, then cut: not renormalized after the cut, as
+        the ranges hold for the full vector."""
+        if precision not in ("int8", "uint8"):
+            return quantized(self.embed(rows, normalize, dimensions), precision, None)
+        self.check_precision([precision])
+        steps = quantized(self.embed(rows, normalize), precision, self.ranges[RANGES[0 if normalize else 1]])
+        return np.ascontiguousarray(steps[:, :dimensions])
 
     def vector_doc(self) -> dict[str, Any]:
         """One embedding: `dimensions` shortens it, so its length is a range."""
@@ -124,8 +171,10 @@ class FeatureExtraction(Task):
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.manifest.task.normalize),
-                   "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict)}
+                   "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict),
+                   "precision": params.get("precision", "float")}
         name = params.get("prompt_name")
+        self.check_precision([options["precision"]])
         if options["similarity"]:
             texts = [inputs["source_sentence"], *inputs["sentences"]]
             return Parsed(self.prompted(Request(texts), name), options, single=False)
@@ -152,5 +201,5 @@ class FeatureExtraction(Task):
         if params["similarity"]:
             vectors = self.embed(rows, True, params["dimensions"])
             return vectors[1:] @ vectors[0]
-        vectors = self.embed(rows, params["normalize"], params["dimensions"])
+        vectors = self.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
         return vectors[0] if parsed.single else vectors

@@ -122,6 +122,18 @@ def mixed_batches(lengths: list[int], settings: Settings, shuffled: bool = True)
     return batches
 
 
+def embedding_ranges(model: LoadedModel, inputs: list[TextInput]) -> dict[str, list[list[float]]]:
+    """Each dimension's [minimums, maximums] over the vectors the server answers for `inputs`, normalized and not:
+    the ranges of int8 and uint8 embeddings."""
+    raw = dataclasses.replace(model, manifest=dataclasses.replace(
+        model.manifest, task=dataclasses.replace(model.manifest.task, normalize=False)))
+    rows = np.stack(run_served(raw, inputs, alone=False).batched)
+    ranges = {}
+    for name, vectors in (("normalized", l2_normalize(rows)), ("unnormalized", rows)):
+        ranges[name] = [vectors.min(axis=0).tolist(), vectors.max(axis=0).tolist()]
+    return ranges
+
+
 @dataclass
 class ServedParity:
     result: ParityResult                 # each metric at its worse value of alone and batched
