@@ -89,7 +89,12 @@ def test_requests_still_waiting_at_the_drain_deadline_get_a_json_503(minilm_fp32
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             server.process.send_signal(signal.SIGTERM)
-            answers = [call.result(WAIT) for call in calls]
+            answers = []
+            for call in calls:
+                try:
+                    answers.append(call.result(WAIT))
+                except httpx.ConnectError:  # a client that connects once the listener is closed is refused
+                    pass
         assert server.process.wait(WAIT) == 0
     statuses = [answer.status_code for answer in answers]
     assert set(statuses) <= {200, 503} and 503 in statuses, statuses
