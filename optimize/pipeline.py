@@ -215,7 +215,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         if options.external_data_bytes is not None:  # a threshold below the default also splits a smaller model
             copy_model(final, final, options.external_data_bytes)
     with stages.stage("validate"):
-        checked = served(final, heldout, heldout_reference)
+        artifact_model = load_candidate(staging, draft, final, options.threads)
+        checked = served_parity(artifact_model, heldout, heldout_reference, thresholds)
         parity = checked.result
         log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
         log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
@@ -223,8 +224,8 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         if options.task == "feature-extraction":
             # int8/uint8 answers: ranges from the texts the recipe saw, never the held-out ones
             seen = [*calibration_inputs(options.task), *tuning_inputs(options.task), *probe_inputs(options.task)]
-            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(
-                load_candidate(staging, draft, final, options.threads), seen))
+            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(artifact_model, seen))
+        del artifact_model  # its session holds the whole graph: not kept through packaging
     if not parity.passed:
         report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
         if not options.allow_failed_parity:

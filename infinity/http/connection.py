@@ -335,7 +335,10 @@ class Connection(asyncio.Protocol):
     # answers
 
     def start(self, exchange: Exchange) -> None:
-        task = self.loop.create_task(exchange.run(self.shared.app))
+        self.track(self.loop.create_task(exchange.run(self.shared.app)))
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """A request being answered: the server's drain waits for it."""
         self.shared.tasks.add(task)
         task.add_done_callback(self.shared.tasks.discard)
 

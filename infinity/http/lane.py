@@ -140,7 +140,7 @@ class LaneConnection(GuardedConnection):
             return
         self.permit, self.gone = permit, False
         self.task = self.loop.create_task(self._respond(seen, body, permit))
-        self.shared.tasks.add(self.task)
+        self.track(self.task)
         self.task.add_done_callback(self._answered)
 
     async def _respond(self, seen: Seen, body: bytes, permit: Permit) -> None:
@@ -168,7 +168,6 @@ class LaneConnection(GuardedConnection):
         return None if value is None else value.decode("latin-1")
 
     def _answered(self, task: asyncio.Task[None]) -> None:
-        self.shared.tasks.discard(task)
         if self.permit is not None:
             self.permit.release()  # the core released it already, unless the task was cancelled before it began
             self.permit = None
