@@ -18,9 +18,14 @@ from infinity.manifest_schema import conform
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
+TASKS = ("feature-extraction", "sparse-embedding", "sequence-classification", "token-classification", "ranking")
 # sentence-transformers' pooling modes; several are concatenated in order, written "cls+mean"
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+SPLADE = "splade"  # sparse-embedding's one pooling: a masked-LM's logits to one weight per vocabulary entry
+# sentence-transformers' SpladePooling settings: how tokens are pooled, and the activation before log1p
+SPLADE_SETTINGS = {"pooling_strategy": ("max", "sum"), "activation_function": ("relu", "log1p_relu")}
+# a SPLADE graph's output that answers each vocabulary entry's largest logit through relu: the server takes log1p
+SPLADE_MAX_LOGITS = "max_logits"
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 
 
@@ -73,7 +78,8 @@ RANGES = ("normalized", "unnormalized")  # the embedding_ranges of a feature-ext
 
 @dataclass
 class TaskFacts:
-    pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"
+    pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"; sparse: SPLADE
+    splade: dict[str, str] | None = None  # sparse-embedding: SpladePooling's settings (SPLADE_SETTINGS), in the graph
     pooled_in_graph: bool = False       # the graph answers pooled vectors (pooling and Dense modules inside it)
     normalize: bool = False             # default for feature-extraction
     prompts: dict[str, str] = field(default_factory=dict)  # name -> text put before an input
@@ -263,12 +269,16 @@ def check_facts(manifest: Manifest) -> None:
             raise ManifestError(f"manifest field {where} must be 64 lowercase hex digits, not {digest!r}")
     if not manifest.target.providers:
         raise ManifestError("manifest field target.providers must name at least one execution provider")
-    facts = manifest.task
+    facts, sparse = manifest.task, manifest.source.task == "sparse-embedding"
     checks = [
         ("tokenizer.max_length", manifest.tokenizer.max_length >= 1, "at least 1"),
         ("tokenizer.pad_id", manifest.tokenizer.pad_id >= 0, "at least 0"),
+        ("task.pooling", facts.pooling == SPLADE, f"{SPLADE} for sparse-embedding") if sparse else
         ("task.pooling", facts.pooling is None or all(mode in POOLINGS for mode in facts.pooling.split("+")),
          f"one of {', '.join(POOLINGS)} (or several joined by +)"),
+        ("task.splade", facts.splade is None or (set(facts.splade) == set(SPLADE_SETTINGS) and all(
+            facts.splade[key] in values for key, values in SPLADE_SETTINGS.items())),
+         "pooling_strategy (max or sum) and activation_function (relu or log1p_relu)"),
         ("task.default_prompt_name", facts.default_prompt_name in (None, *facts.prompts),
          f"one of the prompts ({', '.join(facts.prompts) or 'none'})"),
         ("task.score_activation", facts.score_activation in (None, *ACTIVATIONS), f"one of {', '.join(ACTIVATIONS)}"),

@@ -5,6 +5,7 @@ the error the client should see: 400 for an empty input, 413 for more inputs tha
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -160,6 +161,30 @@ class Integer(Schema):
     def doc(self) -> dict[str, Any]:
         low, high = self.bounds
         return self._describe({"type": "integer", "minimum": low, "maximum": high})
+
+
+@dataclass(frozen=True)
+class Number(Schema):
+    """A finite number, at least `minimum`."""
+    minimum: float | None = None
+    description: str = ""
+    default: Any = _NOTHING
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def check(self, value: Any, where: str) -> float:
+        if not self.accepts(value) or not math.isfinite(value):
+            raise ValidationError(f"{where} must be a number")
+        if self.minimum is not None and value < self.minimum:
+            raise ValidationError(f"{where} must be at least {self.minimum:g}")
+        return float(value)
+
+    def doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"type": "number"}
+        if self.minimum is not None:
+            doc["minimum"] = self.minimum
+        return self._describe(doc)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pooling", default=None, metavar="MODE",
                      help="feature-extraction: how token vectors become one vector, for a model without a "
                           "sentence-transformers Pooling config: cls, mean, max, mean_sqrt_len_tokens, weightedmean "
-                          "or lasttoken (several joined by +); required there, never guessed")
+                          "or lasttoken (several joined by +); sparse-embedding: splade, for a masked-LM without a "
+                          "sentence-transformers SparseEncoder config; required there, never guessed")
     run.add_argument("--model-id", default=None, metavar="ORG/NAME",
                      help="the hub id the server shows clients (default: the id given, the hub cache path's, or "
                           "the model card's usage example; else the directory name)")

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from infinity.manifest import SPLADE_MAX_LOGITS
 from optimize.onnxio import copy_model, external_files
 from optimize.source import SourceModel
 
@@ -19,23 +20,34 @@ class UnsupportedModel(ValueError):
 
 
 def load_torch_model(source: SourceModel) -> Any:
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
     cls = {
         "feature-extraction": AutoModel,
+        "sparse-embedding": AutoModelForMaskedLM,
         "sequence-classification": AutoModelForSequenceClassification,
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
     }[source.task]
     try:
         # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
-        return cls.from_pretrained(source.path, attn_implementation="eager",
-                                   trust_remote_code=source.trust_remote_code).eval()
+        model, loading = cls.from_pretrained(source.path, attn_implementation="eager", output_loading_info=True,
+                                             trust_remote_code=source.trust_remote_code)
     except ValueError as exc:  # transformers' "Unrecognized configuration class ..." runs over many lines
         if "Unrecognized configuration class" not in str(exc):
             raise
         raise UnsupportedModel(f"transformers has no {cls.__name__} for model type {source.model_type!r}, so "
                                f"multiverse cannot build a {source.task} model from it") from None
+    if source.task == "sparse-embedding" and loading["missing_keys"]:
+        # transformers would start the missing head from random weights: sparse vectors that look plausible
+        raise UnsupportedModel(f"{source.path.name} has no trained masked-LM head (missing "
+                               f"{', '.join(sorted(loading['missing_keys'])[:3])}); SPLADE reads its logits")
+    return model.eval()
 
 
 def input_names(model: Any) -> list[str]:
@@ -91,6 +103,50 @@ def embedding_head(source: SourceModel) -> Any:
     return Head().eval()
 
 
+def splade_model(model: Any, settings: dict[str, str]) -> Any:
+    """The masked-LM with sentence-transformers' SpladePooling after it, as one torch module:
+    (attention mask, inputs) -> batch x vocabulary, and the name of that output.
+
+    Max pooling over relu then log1p takes the maximum first (both are monotonic: the same weights), inside the
+    decoder, over each row's tokens with its padding replaced by its first real token (already in the maximum)
+    instead of masked, and adds the decoder's bias after it (constant over tokens): the graph holds one batch x
+    tokens x vocabulary matrix, its decoder's product, and nothing else that size. Its output is then SPLADE_MAX_LOGITS,
+    each entry's largest logit through relu, and the server takes log1p of each row's non-zero values (onnxruntime's
+    Log rounds an element by where it falls in the batch, which would make an answer depend on its batch)."""
+    import torch
+
+    twice = settings["activation_function"] == "log1p_relu"
+    decoder = model.get_output_embeddings()
+    in_decoder = settings["pooling_strategy"] == "max" and isinstance(decoder, torch.nn.Linear)
+
+    class Splade(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, attention_mask: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            if not in_decoder:
+                logits = self.model(**inputs).logits
+                weights = torch.log1p(torch.relu(logits * attention_mask.unsqueeze(-1).to(logits.dtype)))
+                return (torch.log1p(weights) if twice else weights).sum(dim=1)
+
+            def pooled(module: torch.nn.Linear, args: tuple[torch.Tensor, ...], _: torch.Tensor) -> torch.Tensor:
+                hidden = args[0]
+                first = hidden[torch.arange(hidden.shape[0]), attention_mask.argmax(dim=1)].unsqueeze(1)
+                hidden = torch.where(attention_mask.unsqueeze(-1) > 0, hidden, first)
+                best = torch.matmul(hidden, module.weight.t()).amax(dim=1, keepdim=True)
+                return best if module.bias is None else best + module.bias
+
+            hook = decoder.register_forward_hook(pooled)
+            try:
+                best = self.model(**inputs).logits[:, 0]
+            finally:
+                hook.remove()
+            return torch.relu(best)
+
+    return Splade().eval(), SPLADE_MAX_LOGITS if in_decoder else "sparse_embedding"
+
+
 def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None = None) -> tuple[list[str], str]:
     """Writes the graph to `path` (weights past `external_data_bytes` to `path`.data); returns its input names and
     its one output name."""
@@ -98,9 +154,11 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
 
     model = load_torch_model(source)
     names = input_names(model)
-    head = embedding_head(source) if source.facts.pooled_in_graph else None
-    if head is not None:
-        output = "sentence_embedding"
+    head: Any = None
+    if source.task == "sparse-embedding":
+        head, output = splade_model(model, source.facts.splade or {})
+    elif source.facts.pooled_in_graph:
+        head, output = embedding_head(source), "sentence_embedding"
     else:
         output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
 
@@ -114,8 +172,12 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
             if self.head is None:
                 result: torch.Tensor = getattr(self.model(**dict(zip(names, tensors))), output)
                 return result
+            mask = tensors[names.index("attention_mask")]
+            if source.task == "sparse-embedding":
+                sparse: torch.Tensor = self.head(mask, dict(zip(names, tensors)))
+                return sparse
             hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
-            pooled: torch.Tensor = self.head(hidden, tensors[names.index("attention_mask")])
+            pooled: torch.Tensor = self.head(hidden, mask)
             return pooled
 
     # Traced right-padded, as the server pads (a decoder's positions then count from each row's first token).

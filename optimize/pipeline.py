@@ -279,6 +279,9 @@ def _reference_name(source: SourceModel) -> str:
     if source.task == "feature-extraction":
         return "sentence-transformers SentenceTransformer, PyTorch FP32" + (
             "" if source.sentence_transformers else f" (transformers model + {source.facts.pooling} pooling)")
+    if source.task == "sparse-embedding":
+        return "sentence-transformers SparseEncoder, PyTorch FP32" + (
+            "" if source.sentence_transformers else " (transformers masked-LM + SpladePooling)")
     if source.task == "ranking":
         return "sentence-transformers CrossEncoder, PyTorch FP32"
     return "transformers, PyTorch FP32"

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import POOLINGS, TASKS, TaskFacts
+from infinity.manifest import POOLINGS, SPLADE, SPLADE_SETTINGS, TASKS, TaskFacts
 
 SANE_MAX_LENGTH = 100_000
 # sentence-transformers module classes the exported graph reproduces, by the last part of their type name
-MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
+BACKBONES = ("Transformer", "MLMTransformer")  # a Transformer whose task is fill-mask is read as MLMTransformer
 # how a model card names its hub id in its usage example
 CARD_ID = re.compile(r"""(?:SentenceTransformer|CrossEncoder|from_pretrained)\(\s*["']([\w.-]+/[\w.-]+)["']""")
 
@@ -20,7 +21,7 @@ CARD_ID = re.compile(r"""(?:SentenceTransformer|CrossEncoder|from_pretrained)\(\
 @dataclass(frozen=True)
 class Module:
     """One entry of a sentence-transformers modules.json."""
-    kind: str   # Transformer, Pooling, Dense or Normalize
+    kind: str   # one of MODULES
     path: Path  # its folder
 
 
@@ -79,8 +80,10 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     modules = read_modules(path) if is_st else []
     if task == "feature-extraction":
         facts, head = _embedding_facts(path, config, modules, pooling)
+    elif task == "sparse-embedding":
+        facts, head = _sparse_facts(path, config, modules, pooling), []
     elif pooling is not None:
-        raise ValueError(f"--pooling is for feature-extraction, not {task}")
+        raise ValueError(f"--pooling is for feature-extraction and sparse-embedding, not {task}")
     else:
         facts, head = _task_facts(task, config), []
     return SourceModel(path, task, config, tokenizer, facts, max_length, is_st,
@@ -107,8 +110,12 @@ def read_modules(path: Path) -> list[Module]:
         if kind not in MODULES:
             raise ValueError(f"{path / 'modules.json'} lists the module {entry.get('type')!r}, which cannot be "
                              f"exported (known: {', '.join(MODULES)})")
-        modules.append(Module(kind, path / entry.get("path", "")))
-    if not modules or modules[0].kind != "Transformer" or any(m.kind == "Transformer" for m in modules[1:]):
+        folder = path / entry.get("path", "")
+        task = _read_json(folder / "sentence_bert_config.json").get("transformer_task")
+        if kind == "Transformer" and task == "fill-mask":
+            kind = "MLMTransformer"
+        modules.append(Module(kind, folder))
+    if not modules or modules[0].kind not in BACKBONES or any(m.kind in BACKBONES for m in modules[1:]):
         raise ValueError(f"{path / 'modules.json'} must start with its one Transformer module")
     return modules
 
@@ -155,6 +162,9 @@ def _embedding_facts(path: Path, config: Any, modules: list[Module],
                      flag: str | None) -> tuple[TaskFacts, list[Module]]:
     """Pooling as the model declares it (or as --pooling says where it declares none), and the modules after it."""
     kinds = [m.kind for m in modules]
+    if "SpladePooling" in kinds or "MLMTransformer" in kinds or flag == SPLADE:
+        raise ValueError(f"{path.name} is a masked-LM with SPLADE pooling: its output is sparse, one weight per "
+                         "vocabulary entry; pass --task sparse-embedding")
     if flag is not None and any(mode not in POOLINGS for mode in flag.split("+")):
         raise ValueError(f"--pooling {flag!r}: use one of {', '.join(POOLINGS)} (or several joined by +)")
     if "Pooling" not in kinds:
@@ -180,15 +190,52 @@ def _embedding_facts(path: Path, config: Any, modules: list[Module],
         raise ValueError(f"{path.name}: more than one Pooling module")
     normalize = bool(after) and after[-1].kind == "Normalize"
     head = after[:-1] if normalize else after
+    prompts, default = _prompts(path)
+    facts = TaskFacts(pooling=pooling, pooled_in_graph=bool(head), normalize=normalize,
+                      embedding_dim=_embedding_dim(config, pooling, head), prompts=prompts,
+                      default_prompt_name=default)
+    return facts, head
+
+
+def _prompts(path: Path) -> tuple[dict[str, str], str | None]:
+    """The model's named prompts and its default prompt's name, from config_sentence_transformers.json."""
     st = _read_json(path / "config_sentence_transformers.json")
     prompts = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()}
     default = st.get("default_prompt_name") or None
     if default is not None and default not in prompts:
         raise ValueError(f"default_prompt_name {default!r} is not one of the model's prompts ({', '.join(prompts)})")
-    facts = TaskFacts(pooling=pooling, pooled_in_graph=bool(head), normalize=normalize,
-                      embedding_dim=_embedding_dim(config, pooling, head), prompts=prompts,
-                      default_prompt_name=default)
-    return facts, head
+    return prompts, default
+
+
+SPLADE_KEYS = {*SPLADE_SETTINGS, "embedding_dimension", "word_embedding_dimension", "chunk_size"}
+
+
+def _sparse_facts(path: Path, config: Any, modules: list[Module], flag: str | None) -> TaskFacts:
+    """SPLADE over a masked-LM's logits: a sentence-transformers SparseEncoder's own SpladePooling settings, or
+    (for a bare masked-LM directory, with --pooling splade) max pooling over relu."""
+    kinds = [m.kind for m in modules]
+    if flag is not None and flag != SPLADE:
+        raise ValueError(f"--pooling {flag}: sparse-embedding pools with {SPLADE} only")
+    if not modules:
+        if flag is None:
+            raise ValueError(f"{path.name} declares no SPLADE pooling (no sentence-transformers SparseEncoder "
+                             f"modules); pass --pooling {SPLADE} to serve its masked-LM logits as SPLADE vectors")
+        settings = {key: values[0] for key, values in SPLADE_SETTINGS.items()}
+    elif kinds != ["MLMTransformer", "SpladePooling"]:
+        raise ValueError(f"{path.name}: sparse-embedding reads a SparseEncoder of a masked-LM Transformer and "
+                         f"SpladePooling, not {' + '.join(kinds)}")
+    else:
+        pooling = _read_json(modules[1].path / "config.json")
+        unknown = sorted(set(pooling) - SPLADE_KEYS)
+        if unknown:
+            raise ValueError(f"the SpladePooling config has keys this optimizer does not know: {', '.join(unknown)}")
+        settings = {key: str(pooling.get(key, values[0])) for key, values in SPLADE_SETTINGS.items()}
+        bad = [f"{key}={value}" for key, value in settings.items() if value not in SPLADE_SETTINGS[key]]
+        if bad:
+            raise ValueError(f"the SpladePooling config has {', '.join(bad)}, which this optimizer does not know")
+    prompts, default = _prompts(path)
+    return TaskFacts(pooling=SPLADE, splade=settings, pooled_in_graph=True, embedding_dim=int(config.vocab_size),
+                     prompts=prompts, default_prompt_name=default)
 
 
 def _task_facts(task: str, config: Any) -> TaskFacts:

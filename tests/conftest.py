@@ -17,6 +17,7 @@ from tests.models import (  # noqa: E402
     build_tiny_distilbert,
     build_tiny_gemma3_embedding,
     build_tiny_qwen3_embedding,
+    build_tiny_splade,
     minilm_dir,
 )
 
@@ -42,6 +43,8 @@ class ArtifactCache:
                 build_tiny_qwen3_embedding(path)
             elif name == "gemma3-tiny":
                 build_tiny_gemma3_embedding(path)
+            elif name == "splade-tiny":
+                build_tiny_splade(path)
             else:
                 build_minilm_head(name, path)
         return path
@@ -49,7 +52,7 @@ class ArtifactCache:
     def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
         from optimize.pipeline import OptimizeOptions, optimize
 
-        model = model or ("minilm" if task == "feature-extraction" else task)
+        model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
         if not (path / "manifest.json").is_file():
             optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,

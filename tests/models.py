@@ -330,3 +330,34 @@ def write_sentence_transformers(out: Path, dim: int, max_seq_length: int, poolin
         "word_embedding_dimension": dim, "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
         "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
+
+
+# The tiny SPLADE model's decoder bias: trained SPLADE heads keep a few hundred of 30k weights per text non-zero;
+# shifted this far, the random head keeps a similar share instead of half the vocabulary.
+SPLADE_BIAS = -4.0
+
+
+def build_tiny_splade(out: Path, layers: int = 2, seed: int = 0, pooling: str = "max") -> Path:
+    """A sentence-transformers SparseEncoder directory: the real MiniLM backbone (first `layers` layers) and its
+    trained word embeddings as the tied decoder, a seeded masked-LM transform, and SpladePooling."""
+    import warnings
+
+    import torch
+    from sentence_transformers import SparseEncoder
+    from transformers import AutoConfig, AutoTokenizer, BertForMaskedLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+
+    config = AutoConfig.from_pretrained(minilm_dir(), num_hidden_layers=layers)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM.from_pretrained(minilm_dir(), config=config).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(SPLADE_BIAS)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(out)
+    encoder = SparseEncoder(modules=[MLMTransformer(str(out), max_seq_length=256), SpladePooling(pooling)],
+                            device="cpu")
+    encoder.save(str(out))
+    return out

@@ -10,19 +10,23 @@ from infinity.preflight import StartupError
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
+from infinity.tasks.sparse_embedding import SparseEmbedding
 
 
 def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     """The routes this artifact serves, in the order the OpenAPI document lists them."""
     task, limit, tokenizer = model.task, settings.max_inputs_per_request, model.tokenizer
     name = ops.served_name(model.manifest, settings)
-    if isinstance(task, FeatureExtraction) and settings.default_prompt_name is not None:
+    if isinstance(task, PromptedTask) and settings.default_prompt_name is not None:
         task.use_default_prompt(settings.default_prompt_name)
     served = hf.endpoints(task, limit)
     if isinstance(task, FeatureExtraction):
         served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
         served += cohere.embed_endpoints(task, limit)
+    if isinstance(task, SparseEmbedding):
+        served.append(tei.embed_sparse(task, limit))
     if isinstance(task, Ranking):
         served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
     served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
@@ -47,7 +51,8 @@ def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     """Routes of the other tasks, each answering 404 in its family's error shape."""
     paths = {endpoint.path for endpoint in served}
     others = [(path, openai.OPENAI, FeatureExtraction.name) for path in openai.EMBEDDINGS]
-    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.RERANK, tei.TEI, Ranking.name)]
+    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.EMBED_SPARSE, tei.TEI, SparseEmbedding.name),
+               (tei.RERANK, tei.TEI, Ranking.name)]
     others += [(path, cohere.COHERE, Ranking.name) for path in cohere.RERANK]
     others += [(path, cohere.COHERE, FeatureExtraction.name) for path in cohere.EMBED]
     result = []

@@ -1,4 +1,4 @@
-"""Text Embeddings Inference's native routes: /embed, /rerank, /tokenize, /decode (TEI's error shape)."""
+"""Text Embeddings Inference's native routes: /embed, /embed_sparse, /rerank, /tokenize, /decode (TEI's error shape)."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,11 +11,12 @@ from infinity.tasks import Request
 from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.ranking import Ranking
+from infinity.tasks.sparse_embedding import SparseEmbedding, sparse_rows
 from infinity.tokenization import TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
-EMBED, RERANK = "/embed", "/rerank"
+EMBED, EMBED_SPARSE, RERANK = "/embed", "/embed_sparse", "/rerank"
 
 
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
@@ -35,6 +36,23 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+
+
+def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:
+    schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(), **truncation()},
+                    required=("inputs",))
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+
+        def render(result: Result) -> Any:
+            return sparse_rows(result.rows, body["threshold"], body.get("top_k"))
+
+        return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
+
+    return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
+                    {"type": "array", "items": task.vector_doc()}, body=schema, prepare=prepare,
+                    tasks=(SparseEmbedding.name,), errors=ERRORS)
 
 
 def rerank(task: Ranking, limit: int) -> Endpoint:

@@ -8,7 +8,8 @@ import numpy as np
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
-from infinity.tasks.base import Parsed, Request, Task
+from infinity.tasks.base import Parsed, Request
+from infinity.tasks.prompts import PromptedTask
 from infinity.tokenization import Encoded
 
 
@@ -66,53 +67,14 @@ def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) ->
     return steps_taken.astype(np.uint8) if precision == "uint8" else (steps_taken - 128).astype(np.int8)
 
 
-class FeatureExtraction(Task):
+class FeatureExtraction(PromptedTask):
     name = "feature-extraction"
     top_level = ("normalize", "dimensions", "prompt_name", "precision")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
-        self.default_prompt_name = manifest.task.default_prompt_name
         ranges = manifest.task.embedding_ranges or {}
         self.ranges = {name: np.asarray(value, dtype=np.float32) for name, value in ranges.items()}
-
-    def use_default_prompt(self, name: str) -> None:
-        """Serve with this prompt when a request names none (instead of the model's own default)."""
-        if name not in self.manifest.task.prompts:
-            raise ValueError(f"the default prompt name {name!r} is not one of the model's prompts "
-                             f"({', '.join(self.manifest.task.prompts) or 'it has none'})")
-        self.default_prompt_name = name
-
-    def prompt_fields(self) -> dict[str, Schema]:
-        """`prompt_name`, one of the model's prompts; a model without prompts takes no such field."""
-        prompts = tuple(self.manifest.task.prompts)
-        if not prompts:
-            return {}
-        default = f" (default: {self.default_prompt_name!r})" if self.default_prompt_name else ""
-        return {"prompt_name": Choice(prompts, description=f"the model's prompt put before each text{default}")}
-
-    def prompt(self, name: str | None) -> str:
-        """The text of the named prompt, or of the default one; "" where neither is set."""
-        name = self.default_prompt_name if name is None else name
-        if name is None:
-            return ""
-        prompts = self.manifest.task.prompts
-        if name not in prompts:
-            known = f"this model's prompts are {', '.join(prompts)}" if prompts else "this model has no prompts"
-            raise ValidationError(f"unknown prompt_name {name!r}: {known}")
-        return prompts[name]
-
-    def prompted(self, request: Request, name: str | None) -> Request:
-        """The request's texts with the prompt before each (so token counts and truncation include it); token
-        ids run as given."""
-        if request.token_ids is not None:
-            if name is not None:
-                raise ValidationError("prompt_name applies to texts, not to token ids")
-            return request
-        prompt = self.prompt(name)
-        if prompt:
-            request.texts = [prompt + text for text in request.texts]  # type: ignore[operator]  # texts, not pairs
-        return request
 
     @property
     def dim(self) -> int | None:

@@ -10,17 +10,22 @@ from optimize.validate.reference import Outputs
 # metric -> (threshold, "min" means the metric must be at least the threshold)
 THRESHOLDS: dict[str, dict[str, float]] = {
     "feature-extraction": {"cosine_min": 0.99},
+    "sparse-embedding": {"cosine_min": 0.99, "dot_spearman_mean": 0.95, "top_k_overlap_mean": 0.9},
     "sequence-classification": {"top1_agreement": 0.99},
     "token-classification": {"label_agreement": 0.99},
     "ranking": {"spearman_mean": 0.95, "top1_agreement": 0.99},
 }
 
+# Sparse vectors: how many of the largest weights top_k_overlap compares
+TOP_K = 32
 # Ranking scores closer than this are a tie: the reference cannot order them to the precision a client reads
 # (sigmoid scores saturate near 1, where 0.9999908 and 0.9999902 are two answers equal to five decimals).
 RANKING_TIE = 1e-3
 
 METRICS: dict[str, tuple[str, ...]] = {
     "feature-extraction": ("cosine_min", "cosine_mean", "max_abs_diff"),
+    "sparse-embedding": ("cosine_min", "cosine_mean", "max_abs_diff", "dot_spearman_mean", "dot_spearman_min",
+                         "dot_top1_agreement", "top_k_overlap_mean", "top_k_overlap_min", "nonzero_jaccard_min"),
     "sequence-classification": ("top1_agreement", "max_prob_diff"),
     "token-classification": ("label_agreement", "max_prob_diff"),
     "ranking": ("spearman_mean", "spearman_min", "top1_agreement", "top1_agreement_strict", "max_score_diff"),
@@ -56,6 +61,8 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
     thresholds = dict(THRESHOLDS[task] if thresholds is None else thresholds)
     if task == "feature-extraction":
         metrics = _embeddings(reference, candidate)
+    elif task == "sparse-embedding":
+        metrics = _sparse(reference, candidate)
     elif task == "sequence-classification":
         metrics = _classification(reference, candidate)
     elif task == "token-classification":
@@ -65,8 +72,11 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
     failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in thresholds.items()
                 if not metrics[name] >= bound]
     # texts to rank a search's nodes on: where the metric is continuous; a top-1 agreement over a few texts ties
-    ranked = hardest(reference, candidate) if task == "feature-extraction" else []
+    ranked = hardest(reference, candidate) if task in CONTINUOUS else []
     return ParityResult(metrics, thresholds, failures, ranked)
+
+
+CONTINUOUS = ("feature-extraction", "sparse-embedding")  # tasks whose answers are vectors
 
 
 def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
@@ -95,9 +105,17 @@ def batch_invariance(task: str, alone: Outputs, batched: Outputs) -> dict[str, f
     """How far an input's served answer moves between running alone and inside a padded batch."""
     diffs = [float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max()) for a, b in zip(alone, batched)]
     result = {"max_abs_diff": max(diffs), "inputs_changed": float(sum(d > 0 for d in diffs))}
-    if task == "feature-extraction":
-        result["cosine_min"] = _embeddings(alone, batched)["cosine_min"]
+    if task in CONTINUOUS:
+        result["cosine_min"] = float(_cosines(np.stack(alone), np.stack(batched)).min())
     return result
+
+
+def _cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Row by row; two zero vectors agree (a sparse vector may be empty), one zero vector does not."""
+    a, b = reference.astype(np.float64), candidate.astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    both_zero = ~a.any(axis=1) & ~b.any(axis=1)
+    return np.where(both_zero, 1.0, (a * b).sum(1) / np.maximum(norms, 1e-300))
 
 
 def _embeddings(reference: Outputs, candidate: Outputs) -> dict[str, float]:
@@ -106,6 +124,38 @@ def _embeddings(reference: Outputs, candidate: Outputs) -> dict[str, float]:
     return {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
             "max_abs_diff": float(np.abs(a / np.linalg.norm(a, axis=1, keepdims=True)
                                          - b / np.linalg.norm(b, axis=1, keepdims=True)).max())}
+
+
+def _sparse(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    """SPLADE vectors as retrieval uses them: each input's weights, and its dot products with every other input
+    (each input a query, the rest its documents), ranked; the largest weights, and which weights are non-zero."""
+    a, b = np.stack(reference).astype(np.float64), np.stack(candidate).astype(np.float64)
+    cos = _cosines(a, b)
+    metrics = {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()),
+               "max_abs_diff": float(np.abs(a - b).max())}
+    dots_a, dots_b = a @ a.T, b @ b.T
+    rhos, top1 = [], []
+    for row in range(len(a)):
+        others = np.arange(len(a)) != row
+        x, y = dots_a[row, others], dots_b[row, others]
+        rhos.append(_spearman(x, y))
+        top1.append(float(x[y.argmax()] >= x.max() - RANKING_TIE * max(abs(x.max()), 1.0)))
+    overlaps, jaccards = [], []
+    for x, y in zip(a, b):
+        kept_x, kept_y = set(np.flatnonzero(x).tolist()), set(np.flatnonzero(y).tolist())
+        jaccards.append(len(kept_x & kept_y) / len(kept_x | kept_y) if kept_x | kept_y else 1.0)
+        k = min(TOP_K, len(kept_x))
+        if k == 0:
+            overlaps.append(1.0 if not kept_y else 0.0)
+            continue
+        top_x, top_y = np.argsort(-x, kind="stable")[:k], np.argsort(-y, kind="stable")[:k]
+        overlaps.append(len(set(top_x.tolist()) & set(top_y.tolist())) / k)
+    metrics.update(dot_spearman_mean=float(np.mean(rhos)) if rhos else 1.0,
+                   dot_spearman_min=float(np.min(rhos)) if rhos else 1.0,
+                   dot_top1_agreement=float(np.mean(top1)) if top1 else 1.0,
+                   top_k_overlap_mean=float(np.mean(overlaps)), top_k_overlap_min=float(np.min(overlaps)),
+                   nonzero_jaccard_min=float(np.min(jaccards)))
+    return metrics
 
 
 def _classification(reference: Outputs, candidate: Outputs) -> dict[str, float]:

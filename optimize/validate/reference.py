@@ -33,6 +33,10 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
         # sentence-transformers' own pooling, never the server's: parity then checks the server's pooling too
         model = sentence_transformer(source)
         return list(model.encode(inputs, batch_size=8, convert_to_numpy=True))
+    if source.task == "sparse-embedding":
+        vectors = sparse_encoder(source).encode(inputs, batch_size=8, convert_to_tensor=True,
+                                                convert_to_sparse_tensor=False)
+        return list(vectors.float().numpy())
     if source.task == "ranking":
         from sentence_transformers import CrossEncoder
         model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length,
@@ -81,11 +85,30 @@ def sentence_transformer(source: SourceModel) -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)
         # sentence-transformers 3 to 5 name them only here
         from sentence_transformers.models import Pooling, Transformer  # type: ignore[import-not-found]
-    backbone = Transformer(str(source.path), max_seq_length=source.max_length,
-                           model_args={"trust_remote_code": source.trust_remote_code},
-                           config_args={"trust_remote_code": source.trust_remote_code})
+    backbone = Transformer(str(source.path), **backbone_options(source))
     modes = source.facts.pooling.split("+")  # type: ignore[union-attr]  # feature-extraction always has one
     pooling = Pooling(backbone.get_embedding_dimension(), pooling_mode=modes[0] if len(modes) == 1 else tuple(modes))
     return SentenceTransformer(modules=[backbone, pooling], device="cpu")
 
 
+def backbone_options(source: SourceModel) -> dict[str, Any]:
+    """A sentence-transformers Transformer module's arguments for a bare transformers directory."""
+    trust = {"trust_remote_code": source.trust_remote_code}
+    return {"max_seq_length": source.max_length, "model_args": trust, "config_args": trust}
+
+
+def sparse_encoder(source: SourceModel) -> Any:
+    """The model as sentence-transformers' SparseEncoder runs it: its own modules, or (a bare masked-LM) its
+    logits through SpladePooling with the artifact's settings."""
+    import warnings
+
+    from sentence_transformers import SparseEncoder
+
+    if source.sentence_transformers:
+        return SparseEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        # sentence-transformers 5 names them only here
+        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling  # type: ignore[import-not-found]
+    backbone = MLMTransformer(str(source.path), **backbone_options(source))
+    return SparseEncoder(modules=[backbone, SpladePooling(**(source.facts.splade or {}))], device="cpu")

@@ -20,7 +20,8 @@ from infinity.model import LoadedModel
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
-from infinity.tasks.feature_extraction import FeatureExtraction, l2_normalize
+from infinity.tasks.feature_extraction import l2_normalize
+from infinity.tasks.prompts import PromptedTask
 from infinity.tokenization import TextInput, TextTokenizer
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
@@ -76,6 +77,8 @@ def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:
         return (l2_normalize(row) if facts.normalize else row).astype(np.float32)
     if task == "token-classification":
         return row[:length].astype(np.float32)
+    if task == "sparse-embedding":
+        return row.astype(np.float32)
     default = "sigmoid" if task == "ranking" else "softmax"
     return activate(row, facts.score_activation or default).astype(np.float32)
 
@@ -86,7 +89,7 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
     (padding, engine, the task's reduction). `alone` False, for a graph whose answers cannot depend on their
     batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
-    if isinstance(model.task, FeatureExtraction):  # texts get the default prompt, as a server gives it
+    if isinstance(model.task, PromptedTask):  # texts get the default prompt, as a server gives it
         inputs = model.task.prompted(Request(list(inputs)), None).texts
     encoded = model.tokenizer.encode(inputs, truncate=True)
     singles = [row_values(model, model.forward([e])[0], len(e)) for e in encoded] if alone else []

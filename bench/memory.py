@@ -1,0 +1,79 @@
+"""Peak resident memory of a server answering full batches: idle, after one request of `--batch` texts that
+each fill `--tokens` tokens, and after `--requests` of them (a steady state that keeps growing is a leak).
+
+    python -m bench.memory <artifact> [--batch 32] [--tokens 256] [--requests 4]
+
+For a sparse-embedding artifact it prints beside them the size of one batch's masked-LM logits (batch x tokens x
+vocabulary floats), the most its graph may hold at once."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.process import Server, free_port
+from infinity.hostinfo import cpu_name
+from infinity.manifest import Manifest
+
+MIB = 2 ** 20
+FILLER = "antidisestablishmentarianism supercalifragilistic lantern harbor "  # many tokens per word
+
+
+def memory_mib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (the peak since the process started), in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) // 1024
+    return fields
+
+
+def post(port: int, path: str, body: object, timeout: float = 600) -> object:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=4)
+    args = parser.parse_args(argv)
+    manifest = Manifest.load(args.artifact)
+    tokens = min(args.tokens, manifest.tokenizer.max_length)
+    port = free_port()
+    server = Server([sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port),
+                     "--max-batch-size", str(args.batch), "--max-batch-tokens", str(args.batch * tokens)], port)
+    try:
+        server.wait_ready()
+        # each text runs past `tokens`, so the batcher pads (and the tokenizer cuts) every row to the same length
+        texts = [f"{i} " + FILLER * (tokens // 4 + 1) for i in range(args.batch)]
+        counted = post(port, "/tokenize", {"inputs": texts[:1]})
+        assert isinstance(counted, list) and len(counted[0]) > tokens
+        print(f"{cpu_name()}; {args.artifact.name}: {manifest.source.task}, {manifest.model.precision}; "
+              f"{args.batch} texts x {tokens} tokens per request")
+        print(f"idle:                 {memory_mib(server.process.pid)}")
+        for done in range(1, args.requests + 1):
+            start = time.perf_counter()
+            post(port, "/predict", {"inputs": texts})
+            seconds = time.perf_counter() - start
+            if done in (1, args.requests):
+                print(f"after {done} request(s): {memory_mib(server.process.pid)} ({seconds:.2f} s for the last)")
+        if manifest.source.task == "sparse-embedding" and manifest.task.embedding_dim:
+            logits = args.batch * tokens * manifest.task.embedding_dim * 4
+            print(f"one batch's logits:   {logits // MIB} MiB ({args.batch} x {tokens} x "
+                  f"{manifest.task.embedding_dim} float32)")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Sparse embeddings (SPLADE): the graph pools a masked-LM's logits into one weight per vocabulary entry, so the
+server never holds more than a batch x vocabulary matrix; an answer lists the weights above a threshold."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity.manifest import SPLADE_MAX_LOGITS, Manifest
+from infinity.schema import Integer, Number, Schema
+from infinity.tasks.base import Parsed, Request, texts_schema
+from infinity.tasks.prompts import PromptedTask
+from infinity.tokenization import Encoded
+
+SparseVector = list[dict[str, Any]]  # [{"index": vocabulary id, "value": weight}, ...] in index order
+
+
+def sparse_rows(rows: np.ndarray, threshold: float = 0.0, top_k: int | None = None) -> list[SparseVector]:
+    """Each row's weights above `threshold` (at most the `top_k` largest), in vocabulary order."""
+    answers = []
+    for row in rows:
+        kept = np.flatnonzero(row > threshold)
+        if top_k is not None and len(kept) > top_k:
+            kept = np.sort(kept[np.argpartition(row[kept], len(kept) - top_k)[len(kept) - top_k:]])
+        answers.append([{"index": index, "value": value} for index, value in zip(kept.tolist(), row[kept].tolist())])
+    return answers
+
+
+class SparseEmbedding(PromptedTask):
+    name = "sparse-embedding"
+    top_level = ("top_k", "threshold", "prompt_name")
+
+    def inputs(self, limit: int) -> Schema:
+        return texts_schema(limit)
+
+    def selection(self) -> dict[str, Schema]:
+        """Which weights an answer lists: shared by /predict and /embed_sparse."""
+        return {"top_k": Integer(minimum=1, maximum=self.manifest.task.embedding_dim,
+                                 description="keep only the k largest weights of each vector"),
+                "threshold": Number(minimum=0.0, default=0.0, description="keep only weights above this")}
+
+    def parameters(self) -> dict[str, Schema]:
+        return {**self.selection(), **self.prompt_fields()}
+
+    @staticmethod
+    def vector_doc() -> dict[str, Any]:
+        entry = {"type": "object", "required": ["index", "value"],
+                 "properties": {"index": {"type": "integer", "minimum": 0,
+                                          "description": "the vocabulary id (a token of the model's tokenizer)"},
+                                "value": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}}
+        return {"type": "array", "items": entry, "description": "the non-zero weights, in vocabulary order"}
+
+    def answer_doc(self) -> dict[str, Any]:
+        vector = self.vector_doc()
+        return {"oneOf": [vector, {"type": "array", "items": vector, "minItems": 1}]}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return Parsed(self.prompted(Request(texts), params.get("prompt_name")), options, isinstance(inputs, str))
+
+    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
+        super().__init__(manifest, directory)
+        # the graph answers max-pooled logits through relu; SPLADE's log1p (twice for log1p_relu) is left to us
+        self.activations = 0
+        if SPLADE_MAX_LOGITS in manifest.model.outputs:
+            self.activations = 2 if (manifest.task.splade or {}).get("activation_function") == "log1p_relu" else 1
+
+    def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Batch x vocabulary weights. The activation runs on each row's non-zero values apart, so a row's
+        weights never depend on the rows beside it."""
+        rows = output.astype(np.float32)
+        for _ in range(self.activations):
+            for row in rows:
+                kept = row > 0
+                row[kept] = np.log1p(row[kept])
+        return rows
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        vectors = sparse_rows(rows, parsed.params["threshold"], parsed.params["top_k"])
+        return vectors[0] if parsed.single else vectors
