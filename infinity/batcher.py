@@ -21,7 +21,7 @@ from infinity.tokenization import Encoded
 
 log = logging.getLogger("infinity.batcher")
 
-Step = Callable[[list[Encoded]], np.ndarray]
+Step = Callable[[list[Encoded], bool], np.ndarray]  # (rows, tokens: every token's vector) -> answers
 
 
 def padded_tokens(items: list[Encoded]) -> int:
@@ -51,6 +51,7 @@ class _Entry:
     items: list[Encoded]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Outcome]
+    tokens: bool = False  # answered per token, not reduced: batched only with entries alike
     enqueued: float = field(default_factory=time.perf_counter)
 
     @property
@@ -122,18 +123,20 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="infinity-engine", daemon=True)
         self._thread.start()
 
-    async def submit(self, items: list[Encoded], admit_always: bool = False) -> Outcome:
+    async def submit(self, items: list[Encoded], admit_always: bool = False, tokens: bool = False) -> Outcome:
         """Queue one request's rows and wait for them; cancelling the caller drops the entry if still queued."""
-        (outcome,) = await self.submit_parts([items], admit_always)
+        (outcome,) = await self.submit_parts([items], admit_always, tokens)
         return outcome
 
-    async def submit_parts(self, parts: list[list[Encoded]], admit_always: bool = False) -> list[Outcome]:
+    async def submit_parts(self, parts: list[list[Encoded]], admit_always: bool = False,
+                           tokens: bool = False) -> list[Outcome]:
         """Queue one request's rows as several entries at once (each at most a batch), refused together when the
-        queue is full, and wait for them all; the first failure is the request's."""
+        queue is full, and wait for them all; the first failure is the request's. `tokens`: the step answers
+        every token's vector instead of the task's reduction."""
         if not parts or not all(parts):
             raise ValueError("nothing to run")
         loop = asyncio.get_running_loop()
-        entries = [_Entry(items, loop, loop.create_future()) for items in parts]
+        entries = [_Entry(items, loop, loop.create_future(), tokens) for items in parts]
         with self._cond:
             if self._stopped and not self._stop:
                 raise BackendError("the engine thread stopped")
@@ -201,14 +204,15 @@ class Batcher:
             while self._queue:
                 entry = self._queue[0]
                 grown_rows, grown_longest = rows + len(entry.items), max(longest, entry.longest)
-                if batch and overfull(grown_rows, grown_longest, self.max_batch_size, self.max_batch_tokens):
+                if batch and (entry.tokens != batch[0].tokens or overfull(
+                        grown_rows, grown_longest, self.max_batch_size, self.max_batch_tokens)):
                     break
                 batch.append(self._queue.popleft())
                 rows, longest = grown_rows, grown_longest
             self._running = batch
             return batch
 
-    def run_here(self, items: list[Encoded]) -> Outcome | None:
+    def run_here(self, items: list[Encoded], tokens: bool = False) -> Outcome | None:
         """Run one request's rows on the calling thread, if the engine is idle and accepting: no hand-off to
         the engine thread and back. None: it is not (submit it instead)."""
         with self._cond:
@@ -216,17 +220,17 @@ class Batcher:
                 return None
             self._here = True
         try:
-            rows, _, seconds, padded = self._step(items)
+            rows, _, seconds, padded = self._step(items, tokens)
         finally:
             self._here = False
         return Outcome(rows, 0.0, seconds, len(items), padded)
 
-    def _step(self, items: list[Encoded]) -> tuple[np.ndarray, float, float, int]:
+    def _step(self, items: list[Encoded], tokens: bool) -> tuple[np.ndarray, float, float, int]:
         """The model on one batch, its errors mapped and reported: (rows, start, seconds, padded tokens)."""
         padded = padded_tokens(items)
         started = time.perf_counter()
         try:
-            rows = self.step(items)
+            rows = self.step(items, tokens)
             if len(rows) != len(items):
                 raise BackendError(f"the model returned {len(rows)} rows for {len(items)} inputs")
         except BaseException as exc:
@@ -243,7 +247,7 @@ class Batcher:
     def _execute(self, batch: list[_Entry]) -> None:
         items = [item for entry in batch for item in entry.items]
         try:
-            rows, started, seconds, padded = self._step(items)
+            rows, started, seconds, padded = self._step(items, batch[0].tokens)
         except InfinityError as error:
             self._running = []
             _deliver([(entry, None, error) for entry in batch])

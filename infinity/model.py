@@ -42,10 +42,11 @@ class LoadedModel:
             return self.tokenizer.from_ids(request.token_ids)
         return self.tokenizer.encode(request.texts, truncate=request.truncate, direction=request.direction)
 
-    def forward(self, encoded: list[Encoded]) -> np.ndarray:
-        """Engine + batch-level reduction over one padded batch."""
+    def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:
+        """Engine + batch-level reduction over one padded batch; `tokens`: every token's vector instead."""
         batch = pad_batch(encoded, self.tokenizer.pad_id)
-        return self.task.reduce(self.engine.run(batch), batch.attention_mask)
+        output = self.engine.run(batch)
+        return self.task.token_vectors(output) if tokens else self.task.reduce(output, batch.attention_mask)
 
     def predict(self, inputs: Any, parameters: dict[str, Any] | None = None) -> Any:
         """The whole /predict pipeline in-process, one request as one batch (inputs are not checked here)."""

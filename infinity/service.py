@@ -167,11 +167,11 @@ class Service:
         outcome: Outcome | None = None
         if len(encoded) > part:
             outcome = joined(await self.batcher.submit_parts(
-                [encoded[start:start + part] for start in range(0, len(encoded), part)]))
+                [encoded[start:start + part] for start in range(0, len(encoded), part)], tokens=request.tokens))
         elif self._lone(encoded, tokenized):
-            outcome = self.batcher.run_here(encoded)
+            outcome = self.batcher.run_here(encoded, request.tokens)
         if outcome is None:
-            outcome = await self.batcher.submit(encoded)
+            outcome = await self.batcher.submit(encoded, tokens=request.tokens)
         timings = Timings(tokenization_s=tokenized - started, queue_s=outcome.queue_s,
                           inference_s=outcome.inference_s)
         self.metrics.tokenization.observe(timings.tokenization_s)

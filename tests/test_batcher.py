@@ -26,6 +26,7 @@ class FakeStep:
 
     def __init__(self) -> None:
         self.batches: list[list[tuple[int, int]]] = []
+        self.kinds: list[bool] = []  # each batch's `tokens`
         self.entered = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -34,8 +35,9 @@ class FakeStep:
     def hold(self) -> None:
         self.release.clear()
 
-    def __call__(self, items: list[Encoded]) -> np.ndarray:
+    def __call__(self, items: list[Encoded], tokens: bool = False) -> np.ndarray:
         self.batches.append([(i.ids[0], len(i)) for i in items])
+        self.kinds.append(tokens)
         self.entered.set()
         self.release.wait(WAIT)
         if self.error is not None:
@@ -93,6 +95,26 @@ def test_waiting_requests_share_a_batch_within_row_and_token_budgets() -> None:
         assert outcomes[1].batch_tokens == 4 * 5  # padded to the longest row of its own batch only
         await batcher.close(1.0)
         assert [r.size for r in reports] == [1, 4, 1, 1]
+
+    run(main)
+
+
+def test_token_requests_are_batched_only_with_token_requests_in_queue_order() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step)
+        step.hold()
+        first = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        kinds = (False, True, True, False, False, True)
+        queued = [asyncio.ensure_future(batcher.submit([item(2, n)], tokens=kind)) for n, kind in enumerate(kinds, 2)]
+        await until(lambda: batcher.depth == len(kinds))
+        step.release.set()
+        await asyncio.gather(first, *queued)
+        await batcher.close(1.0)
+        assert step.kinds == [False, False, True, False, True]
+        assert [[marker for marker, _ in batch] for batch in step.batches] == [[1], [2], [3, 4], [5, 6], [7]]
 
     run(main)
 
@@ -211,9 +233,9 @@ def test_run_here_runs_on_the_callers_thread_only_while_the_engine_is_idle() -> 
     threads: list[str] = []
     original = step.__call__
 
-    def recording(items: list[Encoded]) -> np.ndarray:
+    def recording(items: list[Encoded], tokens: bool = False) -> np.ndarray:
         threads.append(threading.current_thread().name)
-        return original(items)
+        return original(items, tokens)
 
     async def main() -> None:
         batcher, reports = make(recording)  # type: ignore[arg-type]

@@ -238,6 +238,18 @@ def test_padded_batches_give_a_decoder_the_same_vector_as_alone(qwen3_server: Se
     np.testing.assert_allclose(batch[1], alone[0], atol=1e-5)
 
 
+def test_a_decoders_token_vectors_with_a_prompt_match_sentence_transformers(qwen3_server: Server,
+                                                                           artifacts: Any) -> None:
+    reference = st_model(artifacts, "qwen3-tiny").encode(TEXTS, prompt_name="query", output_value="token_embeddings")
+    got = httpx.post(qwen3_server.url + "/embed_all", json={"inputs": TEXTS, "prompt_name": "query"}).json()
+    prompted = [QWEN3_PROMPTS["query"] + text for text in TEXTS]
+    tokens = httpx.post(qwen3_server.url + "/tokenize", json={"inputs": prompted}).json()
+    assert [len(vectors) for vectors in got] == [len(t) for t in tokens]
+    for vectors, expected in zip(got, reference):
+        # sentence-transformers pads a decoder on the left and trims only trailing padding: its last rows are the text's
+        np.testing.assert_allclose(np.array(vectors), expected.numpy()[-len(vectors):], atol=1e-4)
+
+
 def test_token_counts_and_truncation_include_the_prompt(qwen3_server: Server, qwen3: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -317,3 +329,7 @@ def test_dense_modules_after_pooling_are_in_the_graph_and_the_default_prompt_app
         np.testing.assert_allclose(np.array(default), reference.encode(TEXTS), atol=1e-5)
         documents = httpx.post(server.url + "/embed", json={"inputs": TEXTS, "prompt_name": "document"}).json()
         np.testing.assert_allclose(np.array(documents), reference.encode(TEXTS, prompt_name="document"), atol=1e-5)
+        refused = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS})
+        assert refused.status_code == 404 and refused.json()["error"] == (
+            "/embed_all is not available: this feature-extraction artifact's graph answers pooled vectors only")
+        assert "/embed_all" not in httpx.get(server.url + "/openapi.json").json()["paths"]

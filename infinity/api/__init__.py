@@ -24,6 +24,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     served = hf.endpoints(task, limit)
     if isinstance(task, FeatureExtraction):
         served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
+        served += [tei.embed_all(task, limit)] if task.answers_tokens else []
         served += cohere.embed_endpoints(task, limit)
     if isinstance(task, SparseEmbedding):
         served.append(tei.embed_sparse(task, limit))
@@ -51,7 +52,8 @@ def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     """Routes of the other tasks, each answering 404 in its family's error shape."""
     paths = {endpoint.path for endpoint in served}
     others = [(path, openai.OPENAI, FeatureExtraction.name) for path in openai.EMBEDDINGS]
-    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.EMBED_SPARSE, tei.TEI, SparseEmbedding.name),
+    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.EMBED_ALL, tei.TEI, FeatureExtraction.name),
+               (tei.EMBED_SPARSE, tei.TEI, SparseEmbedding.name),
                (tei.RERANK, tei.TEI, Ranking.name)]
     others += [(path, cohere.COHERE, Ranking.name) for path in cohere.RERANK]
     others += [(path, cohere.COHERE, FeatureExtraction.name) for path in cohere.EMBED]

@@ -241,6 +241,8 @@ def closed(endpoint: Endpoint, service: Service) -> Response:
 def not_served(path: str, family: Family, needs: str, task: str) -> View:
     """A route of another task: a 404 in the route's own error shape that says why."""
     message = f"{path} needs a {needs} model; this server runs {task}"
+    if needs == task:  # a route of this task that this artifact cannot answer: token vectors pooled in its graph
+        message = f"{path} is not available: this {task} artifact's graph answers pooled vectors only"
 
     async def view(request: HTTPRequest) -> Response:
         return family.failure(ErrorType.NOT_FOUND, message)

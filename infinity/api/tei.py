@@ -1,4 +1,5 @@
-"""Text Embeddings Inference's native routes: /embed, /embed_sparse, /rerank, /tokenize, /decode (TEI's error shape)."""
+"""Text Embeddings Inference's native routes: /embed, /embed_all, /embed_sparse, /rerank, /tokenize, /decode
+(TEI's error shape)."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +17,7 @@ from infinity.tokenization import TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
-EMBED, EMBED_SPARSE, RERANK = "/embed", "/embed_sparse", "/rerank"
+EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
 
 
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
@@ -36,6 +37,25 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+
+
+def embed_all(task: FeatureExtraction, limit: int) -> Endpoint:
+    """Every token's vector, as the model's last layer answers it (special tokens included, padding not)."""
+    schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **truncation()}, required=("inputs",))
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+        request = task.prompted(truncated(Request(texts, tokens=True), body), body.get("prompt_name"))
+
+        def render(result: Result) -> Any:
+            return [rows[:len(encoded)] for rows, encoded in zip(result.rows, result.encoded)]
+
+        return request, render
+
+    vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+               "description": "one vector per token, the special tokens included"}
+    return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)", {"type": "array", "items": vectors},
+                    body=schema, prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
 
 
 def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:

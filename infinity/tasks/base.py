@@ -21,6 +21,7 @@ class Request:
     token_ids: list[list[int]] | None = None
     truncate: bool = True
     direction: str = "right"
+    tokens: bool = False  # answer every token's vector, not the task's reduction of them
 
     @property
     def size(self) -> int:
@@ -78,6 +79,10 @@ class Task:
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         raise NotImplementedError
+
+    def token_vectors(self, output: np.ndarray) -> np.ndarray:
+        """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""
+        raise NotImplementedError(f"{self.name} answers no token vectors")
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

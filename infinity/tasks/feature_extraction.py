@@ -149,6 +149,16 @@ class FeatureExtraction(PromptedTask):
             return output.astype(np.float32)
         return pool(output, attention_mask, self.manifest.task.pooling or "mean")
 
+    @property
+    def answers_tokens(self) -> bool:
+        """The graph answers token vectors (pooling runs here); a graph with modules after pooling does not."""
+        return not self.manifest.task.pooled_in_graph
+
+    def token_vectors(self, output: np.ndarray) -> np.ndarray:
+        if not self.answers_tokens:
+            raise ValidationError("this artifact's graph answers pooled vectors only")
+        return output.astype(np.float32)
+
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized. The answer is
         C-contiguous, as orjson requires: a cut (or CLS pooling) is a strided view until normalizing copies it."""
