@@ -77,6 +77,20 @@ RANGES = ("normalized", "unnormalized")  # the embedding_ranges of a feature-ext
 
 
 @dataclass
+class Reranker:
+    """A causal LM that ranks: each (query, document) is `prefix + template + suffix` with the template filled in,
+    and its score is the log-odds of `true_token` over `false_token` at the last token (sigmoid: P(yes))."""
+    prefix: str
+    suffix: str
+    template: str       # with {instruction}, {query} and {document}
+    instruction: str
+    true_token: str
+    false_token: str
+    true_token_id: int
+    false_token_id: int
+
+
+@dataclass
 class TaskFacts:
     pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"; sparse: SPLADE
     splade: dict[str, str] | None = None  # sparse-embedding: SpladePooling's settings (SPLADE_SETTINGS), in the graph
@@ -90,6 +104,7 @@ class TaskFacts:
     # feature-extraction: each dimension's [minimums, maximums] over the vectors of the calibration texts, "normalized"
     # and "unnormalized", for int8 and uint8 answers (sentence-transformers' quantize_embeddings ranges)
     embedding_ranges: dict[str, list[list[float]]] | None = None
+    reranker: Reranker | None = None  # ranking with a causal LM: its prompt and the tokens whose odds are the score
 
 
 @dataclass

@@ -16,6 +16,13 @@ from infinity.tasks import Request, Task, make_task
 from infinity.tokenization import Encoded, TextTokenizer, pad_batch
 
 
+def artifact_tokenizer(directory: Path, manifest: Manifest) -> TextTokenizer:
+    """The artifact's tokenizer, with a causal reranker's prompt around every text."""
+    reranker = manifest.task.reranker
+    return TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length, manifest.tokenizer.pad_id,
+                         frame=(reranker.prefix, reranker.suffix) if reranker else None)
+
+
 @dataclass
 class LoadedModel:
     directory: Path
@@ -31,8 +38,7 @@ class LoadedModel:
         manifest = Manifest.load(directory)
         if verify:
             verify_checksums(directory, manifest)
-        tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
-                                  manifest.tokenizer.pad_id)
+        tokenizer = artifact_tokenizer(directory, manifest)
         engine = Engine(directory, manifest, threads=threads, providers=providers, spin_wait=spin_wait,
                         spin_wait_us=spin_wait_us)
         return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))

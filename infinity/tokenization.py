@@ -37,31 +37,47 @@ class Batch:
 
 
 class TextTokenizer:
-    """Views of one tokenizer.json: truncating to max_length from either side, and never truncating."""
+    """Views of one tokenizer.json: truncating to max_length from either side, and never truncating.
 
-    def __init__(self, path: Path | str, max_length: int, pad_id: int) -> None:
+    `frame` (prefix, suffix): every text is encoded between the two, which are never cut (a causal reranker's
+    prompt); the text's own tokens are cut to what they leave of max_length."""
+
+    def __init__(self, path: Path | str, max_length: int, pad_id: int, frame: tuple[str, str] | None = None) -> None:
         self.max_length = max_length
         self.pad_id = pad_id
-        self._truncating: dict[str, Tokenizer] = {}
-        for direction in ("right", "left"):
-            tokenizer = Tokenizer.from_file(str(path))
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(max_length, strategy="longest_first", direction=direction)
-            self._truncating[direction] = tokenizer
         self._full = Tokenizer.from_file(str(path))
         self._full.no_padding()
         self._full.no_truncation()
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=True)
+        self._frame = ([], []) if frame is None else tuple(
+            self._full.encode(text, add_special_tokens=False).ids for text in frame)
+        room = max_length - len(self._frame[0]) - len(self._frame[1])
+        if room < 1:
+            raise ValueError(f"the prompt around each text takes {max_length - room} tokens, the whole maximum length")
+        self._truncating: dict[str, Tokenizer] = {}
+        for direction in ("right", "left"):
+            tokenizer = Tokenizer.from_file(str(path))
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(room, strategy="longest_first", direction=direction)
+            self._truncating[direction] = tokenizer
 
     def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right") -> list[Encoded]:
         tokenizer = self._truncating[direction] if truncate else self._full
         encodings = tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])
-        result = [_to_encoded(e) for e in encodings]
+        result = [self._framed(_to_encoded(e)) for e in encodings]
         if not truncate:
             for index, item in enumerate(result):
                 if len(item) > self.max_length:
                     raise InputTooLong(index, len(item), self.max_length)
         return result
+
+    def _framed(self, item: Encoded) -> Encoded:
+        prefix, suffix = self._frame
+        if not prefix and not suffix:
+            return item
+        return Encoded(ids=[*prefix, *item.ids, *suffix], type_ids=[0] * (len(prefix) + len(item) + len(suffix)),
+                       offsets=[(0, 0)] * len(prefix) + item.offsets + [(0, 0)] * len(suffix),
+                       special=[1] * len(prefix) + item.special + [1] * len(suffix))
 
     def from_ids(self, token_ids: list[list[int]]) -> list[Encoded]:
         """Token ids run exactly as given (no special tokens added), after checking the model can take them."""

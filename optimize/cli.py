@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "sentence-transformers Pooling config: cls, mean, max, mean_sqrt_len_tokens, weightedmean "
                           "or lasttoken (several joined by +); sparse-embedding: splade, for a masked-LM without a "
                           "sentence-transformers SparseEncoder config; required there, never guessed")
+    run.add_argument("--reranker-template", default=None, metavar="NAME|FILE",
+                     help="ranking with a causal language model (Qwen3-Reranker style): the prompt each query and "
+                          "document are put in and the yes/no tokens scored, by name (qwen3) or as a JSON file with "
+                          "prefix, suffix, template, instruction, true_token and false_token; required there")
     run.add_argument("--model-id", default=None, metavar="ORG/NAME",
                      help="the hub id the server shows clients (default: the id given, the hub cache path's, or "
                           "the model card's usage example; else the directory name)")
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                               keep_float_like=args.keep_float_like,
                               activations=args.activations, calibrated_scales=args.calibrated_scales,
                               pooling=args.pooling, model_id=args.model_id,
-                              trust_remote_code=args.trust_remote_code)
+                              trust_remote_code=args.trust_remote_code,
+                              reranker_template=args.reranker_template)
     try:
         manifest = optimize(options)
     except ParityFailed as exc:

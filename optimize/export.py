@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import SPLADE_MAX_LOGITS
+from infinity.manifest import SPLADE_MAX_LOGITS, Reranker
 from optimize.onnxio import copy_model, external_files
 from optimize.source import SourceModel
 
@@ -22,6 +22,7 @@ class UnsupportedModel(ValueError):
 def load_torch_model(source: SourceModel) -> Any:
     from transformers import (
         AutoModel,
+        AutoModelForCausalLM,
         AutoModelForMaskedLM,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
@@ -34,6 +35,8 @@ def load_torch_model(source: SourceModel) -> Any:
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
     }[source.task]
+    if source.facts.reranker is not None:
+        cls = AutoModelForCausalLM
     try:
         # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
         model, loading = cls.from_pretrained(source.path, attn_implementation="eager", output_loading_info=True,
@@ -147,6 +150,42 @@ def splade_model(model: Any, settings: dict[str, str]) -> Any:
     return Splade().eval(), SPLADE_MAX_LOGITS if in_decoder else "sparse_embedding"
 
 
+def reranker_model(model: Any, reranker: Reranker) -> Any:
+    """A causal LM as a reranker, one torch module: (attention mask, inputs) -> batch x 1, the log-odds of the true
+    token over the false one after each row's last real token (the server pads on the right). The language-model
+    head multiplies that one position by those two rows of its weights only: no batch x tokens x vocabulary logits."""
+    import torch
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise UnsupportedModel(f"model type {model.config.model_type!r} has no linear language-model head to score "
+                               "its yes and no tokens with")
+    tokens = torch.tensor([reranker.true_token_id, reranker.false_token_id])
+
+    class Ranker(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, attention_mask: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            def odds(module: torch.nn.Linear, args: tuple[torch.Tensor, ...], _: torch.Tensor) -> torch.Tensor:
+                hidden = args[0]
+                last = hidden[torch.arange(hidden.shape[0]), attention_mask.sum(dim=1) - 1]
+                logits = last @ module.weight[tokens].t()
+                if module.bias is not None:
+                    logits = logits + module.bias[tokens]
+                return (logits[:, 0] - logits[:, 1]).reshape(-1, 1, 1)
+
+            hook = head.register_forward_hook(odds)
+            try:
+                scores: torch.Tensor = self.model(**inputs).logits[:, 0]
+            finally:
+                hook.remove()
+            return scores
+
+    return Ranker().eval()
+
+
 def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None = None) -> tuple[list[str], str]:
     """Writes the graph to `path` (weights past `external_data_bytes` to `path`.data); returns its input names and
     its one output name."""
@@ -157,6 +196,8 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
     head: Any = None
     if source.task == "sparse-embedding":
         head, output = splade_model(model, source.facts.splade or {})
+    elif source.facts.reranker is not None:
+        head, output = reranker_model(model, source.facts.reranker), "logits"
     elif source.facts.pooled_in_graph:
         head, output = embedding_head(source), "sentence_embedding"
     else:
@@ -173,9 +214,9 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
                 result: torch.Tensor = getattr(self.model(**dict(zip(names, tensors))), output)
                 return result
             mask = tensors[names.index("attention_mask")]
-            if source.task == "sparse-embedding":
-                sparse: torch.Tensor = self.head(mask, dict(zip(names, tensors)))
-                return sparse
+            if source.task == "sparse-embedding" or source.facts.reranker is not None:
+                whole: torch.Tensor = self.head(mask, dict(zip(names, tensors)))
+                return whole
             hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
             pooled: torch.Tensor = self.head(hidden, mask)
             return pooled

@@ -66,6 +66,7 @@ class OptimizeOptions:
     # Weights past this many bytes go to model.onnx.data beside the graph (None: 1 GiB, under protobuf's 2 GiB).
     external_data_bytes: int | None = None
     trust_remote_code: bool = False
+    reranker_template: str | None = None  # ranking with a causal LM: its prompt, by name or JSON file
 
 
 class Stages:
@@ -108,7 +109,9 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
     with stages.stage("load"):
         source = load_source(options.model, options.task, options.pooling, options.model_id,
-                             options.trust_remote_code)
+                             options.trust_remote_code, options.reranker_template)
+        if source.facts.reranker is not None and precision == "int8":
+            raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
         source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
         source.tokenizer.save_pretrained(str(work / "tokenizer"))
         extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
@@ -279,6 +282,9 @@ def _reference_name(source: SourceModel) -> str:
     if source.task == "feature-extraction":
         return "sentence-transformers SentenceTransformer, PyTorch FP32" + (
             "" if source.sentence_transformers else f" (transformers model + {source.facts.pooling} pooling)")
+    if source.facts.reranker is not None:
+        return ("transformers causal LM: P(true token) against the false one at the last token, as its model card "
+                "computes it, PyTorch FP32")
     if source.task == "sparse-embedding":
         return "sentence-transformers SparseEncoder, PyTorch FP32" + (
             "" if source.sentence_transformers else " (transformers masked-LM + SpladePooling)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import POOLINGS, SPLADE, SPLADE_SETTINGS, TASKS, TaskFacts
+from infinity.manifest import POOLINGS, SPLADE, SPLADE_SETTINGS, TASKS, Reranker, TaskFacts
 
 SANE_MAX_LENGTH = 100_000
 # sentence-transformers module classes the exported graph reproduces, by the last part of their type name
@@ -57,7 +57,8 @@ def resolve_path(model: str) -> Path:
 
 
 def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None,
-                trust_remote_code: bool = False) -> SourceModel:
+                trust_remote_code: bool = False, reranker: str | dict[str, str] | None = None) -> SourceModel:
+    """`reranker`: a causal LM's ranking prompt, by name (RERANKERS), as a JSON file, or as its fields."""
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -84,8 +85,13 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
         facts, head = _sparse_facts(path, config, modules, pooling), []
     elif pooling is not None:
         raise ValueError(f"--pooling is for feature-extraction and sparse-embedding, not {task}")
+    elif task == "ranking" and _causal(config):
+        facts, head = TaskFacts(score_activation="sigmoid", reranker=reranker_prompt(path, tokenizer, reranker)), []
     else:
         facts, head = _task_facts(task, config), []
+    if reranker is not None and facts.reranker is None:
+        raise ValueError("--reranker-template is for ranking with a causal language model (a *ForCausalLM "
+                         f"checkpoint); {path.name} is a {task} {config.model_type} model")
     return SourceModel(path, task, config, tokenizer, facts, max_length, is_st,
                        model_id=model_id or hub_id(model, path), head=head, trust_remote_code=remote)
 
@@ -236,6 +242,57 @@ def _sparse_facts(path: Path, config: Any, modules: list[Module], flag: str | No
     prompts, default = _prompts(path)
     return TaskFacts(pooling=SPLADE, splade=settings, pooled_in_graph=True, embedding_dim=int(config.vocab_size),
                      prompts=prompts, default_prompt_name=default)
+
+
+# Ranking prompts of causal rerankers, as their model cards give them.
+RERANKERS: dict[str, dict[str, str]] = {
+    "qwen3": {
+        "prefix": "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                  "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+                  "<|im_start|>user\n",
+        "suffix": "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        "template": "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
+        "instruction": "Given a web search query, retrieve relevant passages that answer the query",
+        "true_token": "yes", "false_token": "no"},
+}
+RERANKER_FIELDS = ("prefix", "suffix", "template", "instruction", "true_token", "false_token")
+
+
+def _causal(config: Any) -> bool:
+    return any(str(name).endswith("ForCausalLM") for name in getattr(config, "architectures", None) or [])
+
+
+def reranker_prompt(path: Path, tokenizer: Any, given: str | dict[str, str] | None) -> Reranker:
+    """A causal reranker's prompt: never guessed, its tokens checked against the tokenizer."""
+    if given is None:
+        raise ValueError(f"{path.name} is a causal language model: ranking with it needs its prompt; pass "
+                         f"--reranker-template with {' or '.join(RERANKERS)} (its model card's prompt) or a JSON file "
+                         f"with {', '.join(RERANKER_FIELDS)}")
+    if isinstance(given, dict):
+        fields = given
+    elif given in RERANKERS:
+        fields = RERANKERS[given]
+    elif Path(given).is_file():
+        fields = _read_json(Path(given))
+    else:
+        raise ValueError(f"--reranker-template {given!r} is neither {' nor '.join(RERANKERS)} nor a JSON file")
+    missing = [name for name in RERANKER_FIELDS if not isinstance(fields.get(name), str)]
+    if missing:
+        raise ValueError(f"the reranker template lacks {', '.join(missing)} (each a string)")
+    try:
+        fields["template"].format(instruction="", query="", document="")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"the reranker template may name only {{instruction}}, {{query}} and {{document}}: "
+                         f"{exc!r}") from None
+    ids = []
+    for role in ("true_token", "false_token"):
+        token_id = tokenizer.convert_tokens_to_ids(fields[role])
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"the reranker's {role} {fields[role]!r} is not one token of {path.name}'s tokenizer")
+        ids.append(int(token_id))
+    return Reranker(prefix=fields["prefix"], suffix=fields["suffix"], template=fields["template"],
+                    instruction=fields["instruction"], true_token=fields["true_token"],
+                    false_token=fields["false_token"], true_token_id=ids[0], false_token_id=ids[1])
 
 
 def _task_facts(task: str, config: Any) -> TaskFacts:

@@ -17,11 +17,13 @@ from tests.models import (  # noqa: E402
     build_tiny_distilbert,
     build_tiny_gemma3_embedding,
     build_tiny_qwen3_embedding,
+    build_tiny_qwen3_reranker,
     build_tiny_splade,
     minilm_dir,
 )
 
 ArtifactFactory = Callable[..., Path]
+RERANKERS = {"qwen3-reranker-tiny": "qwen3"}  # causal rerankers' prompts, by source model
 
 
 class ArtifactCache:
@@ -43,6 +45,8 @@ class ArtifactCache:
                 build_tiny_qwen3_embedding(path)
             elif name == "gemma3-tiny":
                 build_tiny_gemma3_embedding(path)
+            elif name == "qwen3-reranker-tiny":
+                build_tiny_qwen3_reranker(path)
             elif name == "splade-tiny":
                 build_tiny_splade(path)
             else:
@@ -56,7 +60,8 @@ class ArtifactCache:
         path = self.root / f"{model}-{task}-{target}-{precision}"
         if not (path / "manifest.json").is_file():
             optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
-                                     precision=precision), log=lambda _: None)
+                                     precision=precision, reranker_template=RERANKERS.get(model)),
+                     log=lambda _: None)
         return path
 
 

@@ -361,3 +361,25 @@ def build_tiny_splade(out: Path, layers: int = 2, seed: int = 0, pooling: str = 
                             device="cpu")
     encoder.save(str(out))
     return out
+
+
+def build_tiny_qwen3_reranker(out: Path, seed: int = 0) -> Path:
+    """A tiny random Qwen3ForCausalLM as Qwen3-Reranker is published (a causal LM whose "yes"/"no" logits after
+    its prompt are the score), with its two answer tokens' head rows scaled so scores spread instead of tying."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_byte_bpe_tokenizer(out)
+    tokenizer.add_tokens(["yes", "no"])
+    tokenizer.save_pretrained(out)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, architectures=["Qwen3ForCausalLM"])
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for token in ("yes", "no"):
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)] *= 100.0
+    model.save_pretrained(out)
+    return out

@@ -6,7 +6,7 @@ import numpy as np
 
 from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task, activate
-from infinity.tokenization import Encoded
+from infinity.tokenization import Encoded, TextInput
 
 
 class Ranking(Task):
@@ -31,9 +31,16 @@ class Ranking(Task):
                    "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
         return Parsed(self.pairs(inputs["query"], inputs["texts"]), options, single=False)
 
-    @staticmethod
-    def pairs(query: str, texts: list[str]) -> Request:
-        return Request([(query, text) for text in texts])
+    def pairs(self, query: str, texts: list[str]) -> Request:
+        return Request([self.pair(query, text) for text in texts])
+
+    def pair(self, query: str, text: str) -> TextInput:
+        """What the tokenizer reads for one pair: the pair itself, or a causal reranker's filled-in template (its
+        tokenizer puts the prompt's prefix and suffix around it)."""
+        reranker = self.manifest.task.reranker
+        if reranker is None:
+            return query, text
+        return reranker.template.format(instruction=reranker.instruction, query=query, document=text)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output[:, 0]

@@ -37,6 +37,8 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
         vectors = sparse_encoder(source).encode(inputs, batch_size=8, convert_to_tensor=True,
                                                 convert_to_sparse_tensor=False)
         return list(vectors.float().numpy())
+    if source.facts.reranker is not None:
+        return causal_reranker_scores(source, inputs)
     if source.task == "ranking":
         from sentence_transformers import CrossEncoder
         model = CrossEncoder(str(source.path), device="cpu", max_length=source.max_length,
@@ -70,6 +72,37 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
                 rows = [probs[row, : int(mask[row].sum())] for row in range(len(chunk))]
             results.update(zip(chunk, rows))
     return [results[i] for i in range(len(inputs))]
+
+
+def causal_reranker_scores(source: SourceModel, inputs: list[TextInput]) -> Outputs:
+    """A causal reranker's model-card formula: prefix + filled-in template (cut to what the prompt leaves of the
+    maximum length) + suffix, padded on the left, and P(true token) against the false one at the last position."""
+    import torch
+
+    from optimize.export import load_torch_model
+
+    reranker, tokenizer = source.facts.reranker, source.tokenizer
+    assert reranker is not None
+    model = load_torch_model(source)
+    prefix = tokenizer.encode(reranker.prefix, add_special_tokens=False)
+    suffix = tokenizer.encode(reranker.suffix, add_special_tokens=False)
+    scores: list[np.ndarray] = []
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        for start in range(0, len(inputs), 8):
+            texts = [reranker.template.format(instruction=reranker.instruction, query=pair[0], document=pair[1])
+                     for pair in inputs[start:start + 8] if isinstance(pair, tuple)]
+            middle = tokenizer(texts, padding=False, truncation="longest_first", return_attention_mask=False,
+                               max_length=source.max_length - len(prefix) - len(suffix))["input_ids"]
+            batch = tokenizer.pad({"input_ids": [prefix + ids + suffix for ids in middle]}, padding=True,
+                                  return_tensors="pt")
+            with torch.no_grad():
+                last = model(**batch).logits[:, -1, :]
+            pair = torch.stack([last[:, reranker.false_token_id], last[:, reranker.true_token_id]], dim=1)
+            scores.extend(torch.log_softmax(pair.float(), dim=1)[:, 1].exp().numpy())
+    finally:
+        tokenizer.padding_side = padding_side
+    return [np.float32(score) for score in scores]
 
 
 def sentence_transformer(source: SourceModel) -> Any:

@@ -16,13 +16,14 @@ import numpy as np
 from infinity.batcher import overfull
 from infinity.engine import Engine
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
+from infinity.model import LoadedModel, artifact_tokenizer
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import l2_normalize
 from infinity.tasks.prompts import PromptedTask
-from infinity.tokenization import TextInput, TextTokenizer
+from infinity.tasks.ranking import Ranking
+from infinity.tokenization import TextInput
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
 from optimize.validate.reference import ranking_group_sizes
@@ -52,8 +53,7 @@ def load_candidate(directory: Path, manifest: Manifest, model_path: Path, thread
     for path in weights:
         _link(model_path.parent / path.name, path)
     manifest = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model, file=CANDIDATE))
-    tokenizer = TextTokenizer(directory / manifest.tokenizer.file, manifest.tokenizer.max_length,
-                              manifest.tokenizer.pad_id)
+    tokenizer = artifact_tokenizer(directory, manifest)
     engine = Engine(directory, manifest, threads=threads or None, providers=["CPUExecutionProvider"],
                     spin_wait=False)
     candidate.unlink()  # the session holds the graph in memory
@@ -91,6 +91,8 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
     if isinstance(model.task, PromptedTask):  # texts get the default prompt, as a server gives it
         inputs = model.task.prompted(Request(list(inputs)), None).texts
+    if isinstance(model.task, Ranking):  # a causal reranker reads each pair through its template
+        inputs = [model.task.pair(*pair) if isinstance(pair, tuple) else pair for pair in inputs]
     encoded = model.tokenizer.encode(inputs, truncate=True)
     singles = [row_values(model, model.forward([e])[0], len(e)) for e in encoded] if alone else []
     batched: list[np.ndarray | None] = [None] * len(inputs)

@@ -1,0 +1,100 @@
+"""Ranking with a causal LM (Qwen3-Reranker's shape): its prompt around each pair, the log-odds of "yes" over "no"
+at the last token, served on /rerank, /predict and the cohere client, against the model card's formula in
+PyTorch FP32."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from infinity.manifest import Manifest
+from optimize.source import RERANKERS, load_source
+from optimize.validate.reference import torch_reference
+from tests.servers import Server, running
+
+QUERY = "What is the capital of France?"
+# the last text outruns the maximum length: it is cut, the prompt around it kept
+TEXTS = ["Paris is the capital and most populous city of France.", "I like turtles.",
+         "Berlin is the capital of Germany.", "ok", " ".join(["lantern harbor"] * 400)]
+
+
+@pytest.fixture(scope="module")
+def source_dir(artifacts: Any) -> Path:
+    return Path(artifacts.source("qwen3-reranker-tiny"))
+
+
+@pytest.fixture(scope="module")
+def artifact(artifact_for: Any) -> Path:
+    return Path(artifact_for("ranking", "fp32", model="qwen3-reranker-tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running(artifact, tmp_path_factory.mktemp("reranker") / "server.log") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def reference(source_dir: Path) -> np.ndarray:
+    source = load_source(str(source_dir), "ranking", reranker="qwen3")
+    return np.array(torch_reference(source, [(QUERY, text) for text in TEXTS]), dtype=np.float64)
+
+
+def test_the_manifest_carries_the_prompt_and_the_answer_tokens(artifact: Path) -> None:
+    manifest = Manifest.load(artifact)
+    reranker = manifest.task.reranker
+    assert reranker is not None and manifest.source.model_type == "qwen3"
+    assert {name: getattr(reranker, name) for name in RERANKERS["qwen3"]} == RERANKERS["qwen3"]
+    assert (reranker.true_token_id, reranker.false_token_id) != (None, None)
+    assert manifest.parity.passed and manifest.parity.metrics["max_score_diff"] < 1e-4
+    assert manifest.parity.batch_invariance["max_abs_diff"] == 0.0
+    assert list(manifest.model.outputs) == ["logits"] and manifest.model.outputs["logits"][0] == "batch"
+
+
+def test_scores_match_the_model_card_formula_on_every_route(server: Server, reference: np.ndarray) -> None:
+    import cohere
+
+    assert reference.std() > 0.01  # the scores spread: an order to agree on
+    ranked = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS}, timeout=60).json()
+    scores = np.zeros(len(TEXTS))
+    for entry in ranked:
+        scores[entry["index"]] = entry["score"]
+    np.testing.assert_allclose(scores, reference, atol=1e-4)
+    predicted = httpx.post(server.url + "/predict", json={"inputs": {"query": QUERY, "texts": TEXTS}},
+                           timeout=60).json()
+    assert predicted == ranked
+    for text, score in zip(TEXTS, scores):  # alone, each the same as in the batch
+        alone = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": [text]}, timeout=60).json()
+        assert alone[0]["score"] == score
+    v2 = cohere.ClientV2(base_url=server.url, api_key="unused").rerank(model="m", query=QUERY, documents=TEXTS)
+    assert [(r.index, r.relevance_score) for r in v2.results] == [(r["index"], r["score"]) for r in ranked]
+
+
+def test_a_causal_lm_is_never_ranked_with_a_guessed_prompt(source_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is a causal language model: ranking with it needs its prompt; pass "
+                                         "--reranker-template"):
+        load_source(str(source_dir), "ranking")
+    bad = tmp_path / "template.json"
+    bad.write_text(json.dumps({**RERANKERS["qwen3"], "template": "{query} {passage}"}))
+    with pytest.raises(ValueError, match="may name only {instruction}, {query} and {document}"):
+        load_source(str(source_dir), "ranking", reranker=str(bad))
+    bad.write_text(json.dumps({**RERANKERS["qwen3"], "true_token": "absolutely"}))
+    with pytest.raises(ValueError, match="true_token 'absolutely' is not one token"):
+        load_source(str(source_dir), "ranking", reranker=str(bad))
+    with pytest.raises(ValueError, match="neither qwen3 nor a JSON file"):
+        load_source(str(source_dir), "ranking", reranker="llama")
+
+
+def test_int8_and_other_models_say_what_to_pass(source_dir: Path, artifacts: Any, tmp_path: Path) -> None:
+    from optimize.pipeline import OptimizeOptions, optimize
+
+    with pytest.raises(ValueError, match="INT8 is not built for causal rerankers yet: pass --precision fp32"):
+        optimize(OptimizeOptions(model=str(source_dir), task="ranking", out=tmp_path / "int8",
+                                 reranker_template="qwen3"), log=lambda _: None)
+    with pytest.raises(ValueError, match="--reranker-template is for ranking with a causal language model"):
+        load_source(str(artifacts.source("ranking")), "ranking", reranker="qwen3")
