@@ -83,9 +83,9 @@ def broadcast_masks() -> Iterator[None]:
         masks["eager"] = eager
 
 
-def embedding_head(source: SourceModel) -> Any:
-    """The model's own sentence-transformers Pooling and the modules after it that the graph includes, as one
-    torch module: (token vectors, attention mask) -> sentence embeddings."""
+def embedding_model(model: Any, source: SourceModel) -> Any:
+    """The model with its own sentence-transformers Pooling and the modules after it that the graph includes, as
+    one torch module: (attention mask, inputs) -> sentence embeddings."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -95,15 +95,28 @@ def embedding_head(source: SourceModel) -> Any:
     class Head(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            self.model = model
             self.steps = torch.nn.ModuleList(modules)
 
-        def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            features = {"token_embeddings": hidden, "attention_mask": attention_mask}
+        def forward(self, attention_mask: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            features = {"token_embeddings": self.model(**inputs).last_hidden_state, "attention_mask": attention_mask}
             for step in self.steps:
                 features = step(features)
-            return features["sentence_embedding"]
+            pooled: torch.Tensor = features["sentence_embedding"]
+            return pooled
 
     return Head().eval()
+
+
+@contextmanager
+def output_hook(module: Any, hook: Any) -> Iterator[None]:
+    """`hook(module, args, output)` answers in place of the module's output while the block runs: the LM heads
+    below compute only what their graph needs from the head's input."""
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def splade_model(model: Any, settings: dict[str, str]) -> Any:
@@ -113,14 +126,17 @@ def splade_model(model: Any, settings: dict[str, str]) -> Any:
     Max pooling over relu then log1p takes the maximum first (both are monotonic: the same weights), inside the
     decoder, over each row's tokens with its padding replaced by its first real token (already in the maximum)
     instead of masked, and adds the decoder's bias after it (constant over tokens): the graph holds one batch x
-    tokens x vocabulary matrix, its decoder's product, and nothing else that size. Its output is then SPLADE_MAX_LOGITS,
-    each entry's largest logit through relu, and the server takes log1p of each row's non-zero values (onnxruntime's
-    Log rounds an element by where it falls in the batch, which would make an answer depend on its batch)."""
+    tokens x vocabulary matrix, its decoder's product, and nothing else that size. Its output is then
+    SPLADE_MAX_LOGITS, each entry's largest logit through relu, and the server takes log1p of each row's non-zero
+    values (onnxruntime's Log rounds an element by where it falls in the batch, which would make an answer depend
+    on its batch). Without a linear decoder, or with sum pooling, the activation runs on every token as
+    sentence-transformers runs it."""
     import torch
 
     twice = settings["activation_function"] == "log1p_relu"
+    by_max = settings["pooling_strategy"] == "max"
     decoder = model.get_output_embeddings()
-    in_decoder = settings["pooling_strategy"] == "max" and isinstance(decoder, torch.nn.Linear)
+    in_decoder = by_max and isinstance(decoder, torch.nn.Linear)
 
     class Splade(torch.nn.Module):
         def __init__(self) -> None:
@@ -131,7 +147,8 @@ def splade_model(model: Any, settings: dict[str, str]) -> Any:
             if not in_decoder:
                 logits = self.model(**inputs).logits
                 weights = torch.log1p(torch.relu(logits * attention_mask.unsqueeze(-1).to(logits.dtype)))
-                return (torch.log1p(weights) if twice else weights).sum(dim=1)
+                weights = torch.log1p(weights) if twice else weights
+                return weights.amax(dim=1) if by_max else weights.sum(dim=1)
 
             def pooled(module: torch.nn.Linear, args: tuple[torch.Tensor, ...], _: torch.Tensor) -> torch.Tensor:
                 hidden = args[0]
@@ -140,12 +157,8 @@ def splade_model(model: Any, settings: dict[str, str]) -> Any:
                 best = torch.matmul(hidden, module.weight.t()).amax(dim=1, keepdim=True)
                 return best if module.bias is None else best + module.bias
 
-            hook = decoder.register_forward_hook(pooled)
-            try:
-                best = self.model(**inputs).logits[:, 0]
-            finally:
-                hook.remove()
-            return torch.relu(best)
+            with output_hook(decoder, pooled):
+                return torch.relu(self.model(**inputs).logits[:, 0])
 
     return Splade().eval(), SPLADE_MAX_LOGITS if in_decoder else "sparse_embedding"
 
@@ -176,11 +189,8 @@ def reranker_model(model: Any, reranker: Reranker) -> Any:
                     logits = logits + module.bias[tokens]
                 return (logits[:, 0] - logits[:, 1]).reshape(-1, 1, 1)
 
-            hook = head.register_forward_hook(odds)
-            try:
+            with output_hook(head, odds):
                 scores: torch.Tensor = self.model(**inputs).logits[:, 0]
-            finally:
-                hook.remove()
             return scores
 
     return Ranker().eval()
@@ -199,7 +209,7 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
     elif source.facts.reranker is not None:
         head, output = reranker_model(model, source.facts.reranker), "logits"
     elif source.facts.pooled_in_graph:
-        head, output = embedding_head(source), "sentence_embedding"
+        head, output = embedding_model(model, source), "sentence_embedding"
     else:
         output = "last_hidden_state" if source.task == "feature-extraction" else "logits"
 
@@ -213,13 +223,8 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
             if self.head is None:
                 result: torch.Tensor = getattr(self.model(**dict(zip(names, tensors))), output)
                 return result
-            mask = tensors[names.index("attention_mask")]
-            if source.task == "sparse-embedding" or source.facts.reranker is not None:
-                whole: torch.Tensor = self.head(mask, dict(zip(names, tensors)))
-                return whole
-            hidden = self.model(**dict(zip(names, tensors))).last_hidden_state
-            pooled: torch.Tensor = self.head(hidden, mask)
-            return pooled
+            headed: torch.Tensor = self.head(tensors[names.index("attention_mask")], dict(zip(names, tensors)))
+            return headed
 
     # Traced right-padded, as the server pads (a decoder's positions then count from each row's first token).
     padding_side, source.tokenizer.padding_side = source.tokenizer.padding_side, "right"

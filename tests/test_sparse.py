@@ -179,19 +179,25 @@ def test_a_model_without_a_masked_lm_head_is_refused_not_run_on_random_weights(t
         export_onnx(source, tmp_path / "model.onnx")
 
 
-def test_a_sum_pooled_splade_model_exports_faithfully(tmp_path: Path) -> None:
-    """Sum pooling cannot take its maximum first: the graph runs the activation per token."""
+@pytest.mark.parametrize("pooling", ["sum", "max"])
+def test_a_splade_model_pooled_per_token_exports_faithfully(tmp_path: Path, pooling: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sum pooling cannot take its maximum first, nor can max pooling without a linear decoder to pool inside:
+    the graph runs the activation per token and pools as the model says."""
     import onnxruntime as ort
+    from transformers import BertForMaskedLM
 
     from optimize.export import export_onnx
 
-    path = build_tiny_splade(tmp_path / "sum", layers=1, pooling="sum")
-    assert json.loads((path / "1_SpladePooling" / "config.json").read_text())["pooling_strategy"] == "sum"
+    path = build_tiny_splade(tmp_path / pooling, layers=1, pooling=pooling)
+    assert json.loads((path / "1_SpladePooling" / "config.json").read_text())["pooling_strategy"] == pooling
     source = load_source(str(path), "sparse-embedding")
+    expected = np.stack(torch_reference(source, TEXTS[:3]))
+    if pooling == "max":
+        monkeypatch.setattr(BertForMaskedLM, "get_output_embeddings", lambda self: None)
     names, output = export_onnx(source, tmp_path / "model.onnx")
     assert output == "sparse_embedding"
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     feeds = source.tokenizer(TEXTS[:3], padding=True, return_tensors="np")
     got = session.run(None, {name: feeds[name] for name in names})[0]
-    expected = np.stack(torch_reference(source, TEXTS[:3]))
     assert np.abs(got - expected).max() < 1e-3 * max(1.0, float(np.abs(expected).max()))

@@ -13,11 +13,16 @@ from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding, sparse_rows
-from infinity.tokenization import TextTokenizer
+from infinity.tokenization import TextInput, TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
 EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
+
+
+def listed(inputs: str | list[str]) -> list[TextInput]:
+    """TEI's `inputs`, one text or a list of them, as a list: TEI answers a list either way."""
+    return [inputs] if isinstance(inputs, str) else list(inputs)
 
 
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
@@ -27,7 +32,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
                      **task.prompt_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+        texts = listed(body["inputs"])
         task.check_precision([body["precision"]])
 
         def render(result: Result) -> Any:
@@ -44,7 +49,7 @@ def embed_all(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+        texts = listed(body["inputs"])
         request = task.prompted(truncated(Request(texts, tokens=True), body), body.get("prompt_name"))
 
         def render(result: Result) -> Any:
@@ -63,7 +68,7 @@ def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:
                     required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = [body["inputs"]] if isinstance(body["inputs"], str) else list(body["inputs"])
+        texts = listed(body["inputs"])
 
         def render(result: Result) -> Any:
             return sparse_rows(result.rows, body["threshold"], body.get("top_k"))

@@ -31,6 +31,13 @@ class SparseEmbedding(PromptedTask):
     name = "sparse-embedding"
     top_level = ("top_k", "threshold", "prompt_name")
 
+    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
+        super().__init__(manifest, directory)
+        # the graph answers max-pooled logits through relu; SPLADE's log1p (twice for log1p_relu) is left to us
+        self.activations = 0
+        if SPLADE_MAX_LOGITS in manifest.model.outputs:
+            self.activations = 2 if (manifest.task.splade or {}).get("activation_function") == "log1p_relu" else 1
+
     def inputs(self, limit: int) -> Schema:
         return texts_schema(limit)
 
@@ -59,13 +66,6 @@ class SparseEmbedding(PromptedTask):
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         return Parsed(self.prompted(Request(texts), params.get("prompt_name")), options, isinstance(inputs, str))
-
-    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
-        super().__init__(manifest, directory)
-        # the graph answers max-pooled logits through relu; SPLADE's log1p (twice for log1p_relu) is left to us
-        self.activations = 0
-        if SPLADE_MAX_LOGITS in manifest.model.outputs:
-            self.activations = 2 if (manifest.task.splade or {}).get("activation_function") == "log1p_relu" else 1
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch x vocabulary weights. The activation runs on each row's non-zero values apart, so a row's
