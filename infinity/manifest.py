@@ -18,7 +18,8 @@ from infinity.manifest_schema import conform
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-TASKS = ("feature-extraction", "sparse-embedding", "sequence-classification", "token-classification", "ranking")
+TASKS = ("feature-extraction", "sparse-embedding", "multi-vector", "sequence-classification", "token-classification",
+         "ranking")
 # sentence-transformers' pooling modes; several are concatenated in order, written "cls+mean"
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 SPLADE = "splade"  # sparse-embedding's one pooling: a masked-LM's logits to one weight per vocabulary entry
@@ -90,6 +91,37 @@ class Reranker:
     false_token_id: int
 
 
+ROLES = ("query", "document")  # what a multi-vector input is: late interaction treats the two sides apart
+EXPANSIONS = ("fixed", "min")
+
+
+@dataclass
+class QueryExpansion:
+    """ColBERT's query expansion: a query shorter than `length` tokens is filled up to it with `token_id`, which the
+    model reads (`attend`) or not, and whose vectors are answered. "fixed": queries are also cut to `length`."""
+    strategy: str
+    attend: bool
+    token_id: int
+    length: int
+
+
+@dataclass
+class MultiVector:
+    """A late-interaction (ColBERT) model's rules around its per-token vectors, as its sentence-transformers
+    MultiVectorEncoder applies them: each role's prompt (TaskFacts.prompts, keyed by role) and maximum length, the
+    token ids dropped from the answers of the roles in `skiplist_roles`, and the query expansion."""
+    skiplist_ids: list[int] = field(default_factory=list)
+    skiplist_roles: list[str] = field(default_factory=lambda: ["document"])
+    query_length: int | None = None
+    document_length: int | None = None
+    expansion: QueryExpansion | None = None
+
+    def max_length(self, role: str) -> int | None:
+        if role == "query" and self.expansion is not None and self.expansion.strategy == "fixed":
+            return self.expansion.length
+        return self.query_length if role == "query" else self.document_length
+
+
 @dataclass
 class TaskFacts:
     pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"; sparse: SPLADE
@@ -105,6 +137,7 @@ class TaskFacts:
     # and "unnormalized", for int8 and uint8 answers (sentence-transformers' quantize_embeddings ranges)
     embedding_ranges: dict[str, list[list[float]]] | None = None
     reranker: Reranker | None = None  # ranking with a causal LM: its prompt and the tokens whose odds are the score
+    multi_vector: MultiVector | None = None  # multi-vector: which token vectors a query or document answers
 
 
 @dataclass
@@ -305,6 +338,17 @@ def check_facts(manifest: Manifest) -> None:
                 for ranges in facts.embedding_ranges.values())),
          f"{' and '.join(RANGES)}, each two lists of one number per dimension, minimums then maximums"),
     ]
+    if manifest.source.task == "multi-vector":
+        multi = facts.multi_vector
+        expansion = multi.expansion if multi is not None else None
+        checks += [
+            ("task.multi_vector", multi is not None and set(multi.skiplist_roles) <= set(ROLES) and all(
+                length is None or length >= 1 for length in (multi.query_length, multi.document_length)),
+             f"the model's per-token rules, with skiplist_roles among {', '.join(ROLES)}"),
+            ("task.multi_vector", expansion is None or (expansion.strategy in EXPANSIONS and expansion.length >= 1),
+             f"a query expansion whose strategy is one of {', '.join(EXPANSIONS)} and whose length is at least 1"),
+            ("task.prompts", set(facts.prompts) <= set(ROLES), f"keyed by role ({', '.join(ROLES)})"),
+        ]
     for where, ok, expected in checks:
         if not ok:
             value = facts.id2label if where == "task.id2label" else _field(manifest, where)

@@ -46,7 +46,9 @@ class LoadedModel:
     def encode(self, request: Request) -> list[Encoded]:
         if request.token_ids is not None:
             return self.tokenizer.from_ids(request.token_ids)
-        return self.tokenizer.encode(request.texts, truncate=request.truncate, direction=request.direction)
+        items = self.tokenizer.encode(request.texts, truncate=request.truncate, direction=request.direction,
+                                      max_length=request.max_length)
+        return self.task.encoded(request, items)
 
     def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:
         """Engine + batch-level reduction over one padded batch; `tokens`: every token's vector instead."""

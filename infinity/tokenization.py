@@ -1,6 +1,7 @@
 """Text -> token ids with the artifact's own tokenizer.json (no transformers)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ class Encoded:
     type_ids: list[int]
     offsets: list[tuple[int, int]]
     special: list[int]
+    attended: int | None = None  # the model reads only this many tokens from the start (None: all of them)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -37,7 +39,8 @@ class Batch:
 
 
 class TextTokenizer:
-    """Views of one tokenizer.json: truncating to max_length from either side, and never truncating.
+    """Views of one tokenizer.json: truncating to max_length (or a shorter length a request names) from either
+    side, and never truncating.
 
     `frame` (prefix, suffix): every text is encoded between the two, which are never cut (a causal reranker's
     prompt); the text's own tokens are cut to what they leave of max_length."""
@@ -54,21 +57,38 @@ class TextTokenizer:
         room = max_length - len(self._frame[0]) - len(self._frame[1])
         if room < 1:
             raise ValueError(f"the prompt around each text takes {max_length - room} tokens, the whole maximum length")
-        self._truncating: dict[str, Tokenizer] = {}
+        self._path = str(path)
+        self._lock = threading.Lock()
+        self._truncating: dict[tuple[str, int], Tokenizer] = {}
         for direction in ("right", "left"):
-            tokenizer = Tokenizer.from_file(str(path))
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(room, strategy="longest_first", direction=direction)
-            self._truncating[direction] = tokenizer
+            self._cutter(direction, max_length)
 
-    def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right") -> list[Encoded]:
-        tokenizer = self._truncating[direction] if truncate else self._full
+    def _cutter(self, direction: str, max_length: int) -> Tokenizer:
+        """A tokenizer that cuts to `max_length` tokens from `direction`, the frame included; built once."""
+        key = (direction, max_length)
+        found = self._truncating.get(key)
+        if found is None:
+            with self._lock:
+                found = self._truncating.get(key)
+                if found is None:
+                    found = Tokenizer.from_file(self._path)
+                    found.no_padding()
+                    found.enable_truncation(max_length - len(self._frame[0]) - len(self._frame[1]),
+                                            strategy="longest_first", direction=direction)
+                    self._truncating[key] = found
+        return found
+
+    def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right",
+               max_length: int | None = None) -> list[Encoded]:
+        """`max_length`: at most this many tokens (never more than the model's own maximum)."""
+        limit = self.max_length if max_length is None else min(max_length, self.max_length)
+        tokenizer = self._cutter(direction, limit) if truncate else self._full
         encodings = tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])
         result = [self._framed(_to_encoded(e)) for e in encodings]
         if not truncate:
             for index, item in enumerate(result):
-                if len(item) > self.max_length:
-                    raise InputTooLong(index, len(item), self.max_length)
+                if len(item) > limit:
+                    raise InputTooLong(index, len(item), limit)
         return result
 
     def _framed(self, item: Encoded) -> Encoded:
@@ -117,6 +137,6 @@ def pad_batch(items: list[Encoded], pad_id: int) -> Batch:
     for row, item in enumerate(items):
         n = len(item)
         input_ids[row, :n] = item.ids
-        attention_mask[row, :n] = 1
+        attention_mask[row, :n if item.attended is None else item.attended] = 1
         token_type_ids[row, :n] = item.type_ids
     return Batch(input_ids, attention_mask, token_type_ids)

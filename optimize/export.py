@@ -31,6 +31,7 @@ def load_torch_model(source: SourceModel) -> Any:
     cls = {
         "feature-extraction": AutoModel,
         "sparse-embedding": AutoModelForMaskedLM,
+        "multi-vector": AutoModel,
         "sequence-classification": AutoModelForSequenceClassification,
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
@@ -86,11 +87,27 @@ def broadcast_masks() -> Iterator[None]:
 def embedding_model(model: Any, source: SourceModel) -> Any:
     """The model with its own sentence-transformers Pooling and the modules after it that the graph includes, as
     one torch module: (attention mask, inputs) -> sentence embeddings."""
-    import torch
     from sentence_transformers import SentenceTransformer
 
     modules = list(SentenceTransformer(str(source.path), device="cpu",
                                        trust_remote_code=source.trust_remote_code))[1:2 + len(source.head)]
+    return with_modules(model, modules, "sentence_embedding")
+
+
+def multi_vector_model(model: Any, source: SourceModel) -> Any:
+    """The model with its MultiVectorEncoder's Dense projections and Normalize, as one torch module:
+    (attention mask, inputs) -> batch x tokens x dim. Which tokens an answer keeps is the server's work."""
+    from sentence_transformers import MultiVectorEncoder
+
+    encoder = MultiVectorEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
+    modules = [module for module in list(encoder)[1:] if type(module).__name__ in ("Dense", "Normalize")]
+    return with_modules(model, modules, "token_embeddings")
+
+
+def with_modules(model: Any, modules: list[Any], output: str) -> Any:
+    """The transformers model followed by sentence-transformers modules, as one torch module: (attention mask,
+    inputs) -> the modules' `output` feature."""
+    import torch
 
     class Head(torch.nn.Module):
         def __init__(self) -> None:
@@ -102,8 +119,8 @@ def embedding_model(model: Any, source: SourceModel) -> Any:
             features = {"token_embeddings": self.model(**inputs).last_hidden_state, "attention_mask": attention_mask}
             for step in self.steps:
                 features = step(features)
-            pooled: torch.Tensor = features["sentence_embedding"]
-            return pooled
+            result: torch.Tensor = features[output]
+            return result
 
     return Head().eval()
 
@@ -208,6 +225,8 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
         head, output = splade_model(model, source.facts.splade or {})
     elif source.facts.reranker is not None:
         head, output = reranker_model(model, source.facts.reranker), "logits"
+    elif source.task == "multi-vector":
+        head, output = multi_vector_model(model, source), "token_embeddings"
     elif source.facts.pooled_in_graph:
         head, output = embedding_model(model, source), "sentence_embedding"
     else:
@@ -235,7 +254,7 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
         source.tokenizer.padding_side = padding_side
     args = tuple(sample[name] for name in names)
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
-    if head is not None:
+    if head is not None and source.task != "multi-vector":
         axes[output] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad(), broadcast_masks():
         warnings.simplefilter("ignore")

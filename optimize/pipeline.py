@@ -257,7 +257,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
 def source_notes(source: SourceModel) -> list[str]:
     """What the artifact does for this model that a reader of the manifest should know."""
     notes = []
-    if source.head:
+    if source.head and source.task == "feature-extraction":
         notes.append("the graph ends with the model's pooling and " + ", ".join(m.kind for m in source.head)
                      + " modules: it answers sentence embeddings")
     if "lasttoken" in (source.facts.pooling or "").split("+"):
@@ -285,6 +285,8 @@ def _reference_name(source: SourceModel) -> str:
     if source.facts.reranker is not None:
         return ("transformers causal LM: P(true token) against the false one at the last token, as its model card "
                 "computes it, PyTorch FP32")
+    if source.task == "multi-vector":
+        return "sentence-transformers MultiVectorEncoder.encode_document, PyTorch FP32"
     if source.task == "sparse-embedding":
         return "sentence-transformers SparseEncoder, PyTorch FP32" + (
             "" if source.sentence_transformers else " (transformers masked-LM + SpladePooling)")

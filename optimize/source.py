@@ -8,11 +8,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import POOLINGS, SPLADE, SPLADE_SETTINGS, TASKS, Reranker, TaskFacts
+from infinity.manifest import (
+    EXPANSIONS,
+    POOLINGS,
+    ROLES,
+    SPLADE,
+    SPLADE_SETTINGS,
+    TASKS,
+    MultiVector,
+    QueryExpansion,
+    Reranker,
+    TaskFacts,
+)
 
 SANE_MAX_LENGTH = 100_000
 # sentence-transformers module classes the exported graph reproduces, by the last part of their type name
-MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
+MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling", "MultiVectorMask")
 BACKBONES = ("Transformer", "MLMTransformer")  # a Transformer whose task is fill-mask is read as MLMTransformer
 # how a model card names its hub id in its usage example
 CARD_ID = re.compile(r"""(?:SentenceTransformer|CrossEncoder|from_pretrained)\(\s*["']([\w.-]+/[\w.-]+)["']""")
@@ -85,6 +96,8 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
         facts, head = _sparse_facts(path, config, modules, pooling), []
     elif pooling is not None:
         raise ValueError(f"--pooling is for feature-extraction and sparse-embedding, not {task}")
+    elif task == "multi-vector":
+        facts, head = _multi_vector_facts(path, config, modules, tokenizer)
     elif task == "ranking" and _causal(config):
         facts, head = TaskFacts(score_activation="sigmoid", reranker=reranker_prompt(path, tokenizer, reranker)), []
     else:
@@ -168,6 +181,9 @@ def _embedding_facts(path: Path, config: Any, modules: list[Module],
                      flag: str | None) -> tuple[TaskFacts, list[Module]]:
     """Pooling as the model declares it (or as --pooling says where it declares none), and the modules after it."""
     kinds = [m.kind for m in modules]
+    if "MultiVectorMask" in kinds:
+        raise ValueError(f"{path.name} is a multi-vector (ColBERT) model: it answers a vector per token; pass "
+                         "--task multi-vector")
     if "SpladePooling" in kinds or "MLMTransformer" in kinds or flag == SPLADE:
         raise ValueError(f"{path.name} is a masked-LM with SPLADE pooling: its output is sparse, one weight per "
                          "vocabulary entry; pass --task sparse-embedding")
@@ -242,6 +258,86 @@ def _sparse_facts(path: Path, config: Any, modules: list[Module], flag: str | No
     prompts, default = _prompts(path)
     return TaskFacts(pooling=SPLADE, splade=settings, pooled_in_graph=True, embedding_dim=int(config.vocab_size),
                      prompts=prompts, default_prompt_name=default)
+
+
+MULTI_VECTOR_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"}
+EXPANSION_KEYS = {"strategy", "attend", "token", "length"}
+DOCUMENT_PROMPTS = ("document", "passage", "corpus")  # the names MultiVectorEncoder.encode_document looks for
+
+
+def _multi_vector_facts(path: Path, config: Any, modules: list[Module],
+                        tokenizer: Any) -> tuple[TaskFacts, list[Module]]:
+    """A sentence-transformers MultiVectorEncoder: its Transformer's per-role lengths and query expansion, the
+    Dense projections and Normalize the graph includes, and its MultiVectorMask's skiplist, which the server
+    applies."""
+    kinds = [m.kind for m in modules]
+    st = _read_json(path / "config_sentence_transformers.json")
+    if st.get("model_type") == "ColBERT":
+        raise ValueError(f"{path.name} is a PyLate ColBERT save; load it with sentence-transformers' "
+                         "MultiVectorEncoder and save it again (model.save(dir)), then optimize that directory")
+    if "MultiVectorMask" not in kinds:
+        raise ValueError(f"{path.name} is not a multi-vector model (no sentence-transformers MultiVectorEncoder "
+                         "with a MultiVectorMask module)")
+    if kinds[0] != "Transformer" or any(kind not in ("Dense", "MultiVectorMask", "Normalize") for kind in kinds[1:]):
+        raise ValueError(f"{path.name}: a multi-vector model of a Transformer, Dense, MultiVectorMask and Normalize "
+                         f"modules can be exported, not {' + '.join(kinds)}")
+    backbone = _read_json(modules[0].path / "sentence_bert_config.json")
+    mask = _read_json(modules[kinds.index("MultiVectorMask")].path / "config.json")
+    unknown = sorted(set(mask) - MULTI_VECTOR_KEYS)
+    if unknown:
+        raise ValueError(f"the MultiVectorMask config has keys this optimizer does not know: {', '.join(unknown)}")
+    if mask.get("keep_only_token_ids"):
+        raise ValueError("the MultiVectorMask keeps only some token ids (keep_only_token_ids, for image "
+                         "documents), which a text server cannot reproduce")
+    roles = mask.get("skiplist_tasks") or ["document"]
+    roles = [roles] if isinstance(roles, str) else list(roles)
+    if any(role not in ROLES for role in roles):
+        raise ValueError(f"the MultiVectorMask skiplist applies to {roles}; the server knows {', '.join(ROLES)}")
+    head = [m for m in modules[1:] if m.kind != "MultiVectorMask"]
+    if any(m.kind == "Normalize" for m in head[:-1]):
+        raise ValueError(f"{path.name}: Normalize before another module cannot be exported")
+    declared = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()}
+    document = next((declared[name] for name in DOCUMENT_PROMPTS if name in declared), None)
+    prompts = {role: text for role, text in (("query", declared.get("query")), ("document", document)) if text}
+    dense = [m for m in head if m.kind == "Dense"]
+    dim = int(_read_json(dense[-1].path / "config.json")["out_features"]) if dense else _hidden_size(config)
+    rules = MultiVector(skiplist_ids=_skiplist_ids(tokenizer, mask.get("skiplist_words") or []),
+                        skiplist_roles=roles, query_length=backbone.get("query_length"),
+                        document_length=backbone.get("document_length"),
+                        expansion=_expansion(backbone.get("query_expansion"), tokenizer))
+    facts = TaskFacts(normalize=bool(head) and head[-1].kind == "Normalize", embedding_dim=dim, prompts=prompts,
+                      multi_vector=rules)
+    return facts, head
+
+
+def _skiplist_ids(tokenizer: Any, words: list[str]) -> list[int]:
+    """The skiplist's words as token ids; a word that is not one token is left out (it would drop every unknown
+    token), as sentence-transformers leaves it out."""
+    ids = []
+    for word in words:
+        token_id = tokenizer.convert_tokens_to_ids(word)
+        if token_id is not None and (token_id != tokenizer.unk_token_id or word == tokenizer.unk_token):
+            ids.append(int(token_id))
+    return sorted(set(ids))
+
+
+def _expansion(config: dict[str, Any] | None, tokenizer: Any) -> QueryExpansion | None:
+    if not config:
+        return None
+    unknown = sorted(set(config) - EXPANSION_KEYS)
+    if unknown:
+        raise ValueError(f"the query_expansion config has keys this optimizer does not know: {', '.join(unknown)}")
+    strategy, length = config.get("strategy"), config.get("length")
+    if strategy not in EXPANSIONS or not isinstance(length, int) or length < 1:
+        raise ValueError(f"query_expansion needs a strategy ({', '.join(EXPANSIONS)}) and a length of at least 1, "
+                         f"not {strategy!r} and {length!r}")
+    token = config.get("token")
+    token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else (
+        tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.eos_token_id)
+    if token_id is None:
+        raise ValueError("query_expansion names no token, and the tokenizer has neither a mask nor an end token")
+    return QueryExpansion(strategy=strategy, attend=bool(config.get("attend", False)), token_id=int(token_id),
+                          length=length)
 
 
 # Ranking prompts of causal rerankers, as their model cards give them.

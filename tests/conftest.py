@@ -14,6 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tests.models import (  # noqa: E402
     build_minilm_head,
+    build_tiny_colbert,
     build_tiny_distilbert,
     build_tiny_gemma3_embedding,
     build_tiny_qwen3_embedding,
@@ -49,6 +50,8 @@ class ArtifactCache:
                 build_tiny_qwen3_reranker(path)
             elif name == "splade-tiny":
                 build_tiny_splade(path)
+            elif name == "colbert-tiny":
+                build_tiny_colbert(path)
             else:
                 build_minilm_head(name, path)
         return path
@@ -56,7 +59,8 @@ class ArtifactCache:
     def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
         from optimize.pipeline import OptimizeOptions, optimize
 
-        model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny"}.get(task, task)
+        model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
+                          "multi-vector": "colbert-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
         if not (path / "manifest.json").is_file():
             optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,

@@ -383,3 +383,35 @@ def build_tiny_qwen3_reranker(out: Path, seed: int = 0) -> Path:
             model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)] *= 100.0
     model.save_pretrained(out)
     return out
+
+
+def build_tiny_colbert(out: Path, layers: int = 2, seed: int = 0) -> Path:
+    """A sentence-transformers MultiVectorEncoder directory as ColBERT models are published: the real MiniLM
+    backbone (first `layers` layers), a seeded projection to 48 dimensions per token, the punctuation skiplist on
+    documents, normalized token vectors, query expansion to 32 [MASK]-filled tokens, and query/document prompts."""
+    import string
+    import warnings
+
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers.base.modules import Normalize, Transformer
+        from sentence_transformers.base.modules.dense import Dense
+        from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    config = AutoConfig.from_pretrained(minilm_dir(), num_hidden_layers=layers)
+    BertModel.from_pretrained(minilm_dir(), config=config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(out)
+    torch.manual_seed(seed)
+    backbone = Transformer(str(out), max_seq_length=256, document_length=180,
+                           query_expansion={"strategy": "fixed", "attend": False, "length": 32})
+    projection = Dense(config.hidden_size, 48, bias=False, activation_function=torch.nn.Identity(),
+                       module_input_name="token_embeddings", module_output_name="token_embeddings")
+    modules = [backbone, projection, MultiVectorMask(skiplist_words=list(string.punctuation)),
+               Normalize(module_input_name="token_embeddings")]
+    MultiVectorEncoder(modules=modules, prompts={"query": "query: ", "document": "document: "},
+                       device="cpu").save(str(out))
+    return out

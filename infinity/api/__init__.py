@@ -10,6 +10,7 @@ from infinity.preflight import StartupError
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding
@@ -28,6 +29,8 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
         served += cohere.embed_endpoints(task, limit)
     if isinstance(task, SparseEmbedding):
         served.append(tei.embed_sparse(task, limit))
+    if isinstance(task, MultiVectorEmbedding):
+        served.append(tei.embed_all(task, limit))
     if isinstance(task, Ranking):
         served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
     served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),

@@ -11,6 +11,7 @@ from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding, sparse_rows
 from infinity.tokenization import TextInput, TextTokenizer
@@ -44,8 +45,11 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
                     prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
 
 
-def embed_all(task: FeatureExtraction, limit: int) -> Endpoint:
-    """Every token's vector, as the model's last layer answers it (special tokens included, padding not)."""
+def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> Endpoint:
+    """Every token's vector, as the model's last layer answers it (special tokens included, padding not); a
+    multi-vector model's: the tokens it scores, for the role the body names."""
+    if isinstance(task, MultiVectorEmbedding):
+        return multi_vectors(task, limit)
     schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
@@ -61,6 +65,23 @@ def embed_all(task: FeatureExtraction, limit: int) -> Endpoint:
                "description": "one vector per token, the special tokens included"}
     return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)", {"type": "array", "items": vectors},
                     body=schema, prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+
+
+def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
+    schema = Object({"inputs": texts_schema(limit), "input_type": task.role_field(), **truncation()},
+                    required=("inputs",))
+
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        role = body["input_type"]
+
+        def render(result: Result) -> Any:
+            return task.vectors(result.rows, result.encoded, role)
+
+        return truncated(task.request(listed(body["inputs"]), role), body), render
+
+    return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
+                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare,
+                    tasks=(MultiVectorEmbedding.name,), errors=ERRORS)
 
 
 def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:

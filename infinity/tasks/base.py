@@ -22,6 +22,8 @@ class Request:
     truncate: bool = True
     direction: str = "right"
     tokens: bool = False  # answer every token's vector, not the task's reduction of them
+    max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
+    role: str | None = None  # multi-vector: "query" or "document"
 
     @property
     def size(self) -> int:
@@ -72,6 +74,10 @@ class Task:
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         """Checked inputs and parameters -> the core request; params lack the keys the client left out."""
         raise NotImplementedError
+
+    def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
+        """The request's tokens as the model reads them: as tokenized, unless the task adds to them."""
+        return items
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""

@@ -11,6 +11,7 @@ from optimize.validate.reference import Outputs
 THRESHOLDS: dict[str, dict[str, float]] = {
     "feature-extraction": {"cosine_min": 0.99},
     "sparse-embedding": {"cosine_min": 0.99, "dot_spearman_mean": 0.95, "top_k_overlap_mean": 0.9},
+    "multi-vector": {"token_cosine_mean": 0.99, "maxsim_spearman_mean": 0.95},
     "sequence-classification": {"top1_agreement": 0.99},
     "token-classification": {"label_agreement": 0.99},
     "ranking": {"spearman_mean": 0.95, "top1_agreement": 0.99},
@@ -26,6 +27,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "feature-extraction": ("cosine_min", "cosine_mean", "max_abs_diff"),
     "sparse-embedding": ("cosine_min", "cosine_mean", "max_abs_diff", "dot_spearman_mean", "dot_spearman_min",
                          "dot_top1_agreement", "top_k_overlap_mean", "top_k_overlap_min", "nonzero_jaccard_min"),
+    "multi-vector": ("token_cosine_min", "token_cosine_mean", "max_abs_diff", "maxsim_spearman_mean",
+                     "maxsim_spearman_min", "maxsim_top1_agreement", "tokenization_mismatches"),
     "sequence-classification": ("top1_agreement", "max_prob_diff"),
     "token-classification": ("label_agreement", "max_prob_diff"),
     "ranking": ("spearman_mean", "spearman_min", "top1_agreement", "top1_agreement_strict", "max_score_diff"),
@@ -63,6 +66,8 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
         metrics = _embeddings(reference, candidate)
     elif task == "sparse-embedding":
         metrics = _sparse(reference, candidate)
+    elif task == "multi-vector":
+        metrics = _multi_vector(reference, candidate)
     elif task == "sequence-classification":
         metrics = _classification(reference, candidate)
     elif task == "token-classification":
@@ -76,7 +81,7 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
     return ParityResult(metrics, thresholds, failures, ranked)
 
 
-CONTINUOUS = ("feature-extraction", "sparse-embedding")  # tasks whose answers are vectors
+CONTINUOUS = ("feature-extraction", "sparse-embedding", "multi-vector")  # tasks whose answers are vectors
 
 
 def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
@@ -84,7 +89,7 @@ def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
     first."""
     distances = [float(np.linalg.norm(np.asarray(c, np.float64) - np.asarray(r, np.float64))
                        / max(float(np.linalg.norm(np.asarray(r, np.float64))), 1e-12))
-                 for r, c in zip(reference, candidate)]
+                 if np.shape(c) == np.shape(r) else np.inf for r, c in zip(reference, candidate)]
     return sorted(range(len(distances)), key=lambda i: -distances[i])
 
 
@@ -105,8 +110,9 @@ def batch_invariance(task: str, alone: Outputs, batched: Outputs) -> dict[str, f
     """How far an input's served answer moves between running alone and inside a padded batch."""
     diffs = [float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max()) for a, b in zip(alone, batched)]
     result = {"max_abs_diff": max(diffs), "inputs_changed": float(sum(d > 0 for d in diffs))}
-    if task in CONTINUOUS:
-        result["cosine_min"] = float(_cosines(np.stack(alone), np.stack(batched)).min())
+    if task in CONTINUOUS:  # a multi-vector answer's rows are its tokens' vectors
+        join = np.concatenate if task == "multi-vector" else np.stack
+        result["cosine_min"] = float(_cosines(join(alone), join(batched)).min())
     return result
 
 
@@ -156,6 +162,36 @@ def _sparse(reference: Outputs, candidate: Outputs) -> dict[str, float]:
                    top_k_overlap_mean=float(np.mean(overlaps)), top_k_overlap_min=float(np.min(overlaps)),
                    nonzero_jaccard_min=float(np.min(jaccards)))
     return metrics
+
+
+def _multi_vector(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    """Token vectors as late interaction uses them: each token's vector, and each input's MaxSim scores (the sum
+    over its tokens of their best dot product) with every other input (each input a query, the rest its
+    documents), ranked. An input answered with other tokens than the reference's fails every metric."""
+    mismatched = sum(np.shape(a) != np.shape(b) for a, b in zip(reference, candidate))
+    if mismatched:
+        return {name: 0.0 for name in METRICS["multi-vector"]} | {"max_abs_diff": np.inf,
+                                                                  "tokenization_mismatches": float(mismatched)}
+    a, b = np.concatenate(reference).astype(np.float64), np.concatenate(candidate).astype(np.float64)
+    cos = _cosines(a, b)
+    starts = np.cumsum([0, *(len(r) for r in reference[:-1])])
+    rhos, top1 = [], []
+    for row in range(len(reference)):
+        others = np.arange(len(reference)) != row
+        x, y = _maxsim(reference[row], a, starts)[others], _maxsim(candidate[row], b, starts)[others]
+        rhos.append(_spearman(x, y))
+        top1.append(float(x[y.argmax()] >= x.max() - RANKING_TIE * max(abs(x.max()), 1.0)))
+    return {"token_cosine_min": float(cos.min()), "token_cosine_mean": float(cos.mean()),
+            "max_abs_diff": float(np.abs(a - b).max()), "maxsim_spearman_mean": float(np.mean(rhos)),
+            "maxsim_spearman_min": float(np.min(rhos)), "maxsim_top1_agreement": float(np.mean(top1)),
+            "tokenization_mismatches": 0.0}
+
+
+def _maxsim(query: np.ndarray, documents: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The query's MaxSim score with each document, whose token vectors are the rows of `documents` from each
+    of `starts` to the next."""
+    scores: np.ndarray = np.maximum.reduceat(query.astype(np.float64) @ documents.T, starts, axis=1).sum(axis=0)
+    return scores
 
 
 def _classification(reference: Outputs, candidate: Outputs) -> dict[str, float]:

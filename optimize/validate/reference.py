@@ -37,6 +37,10 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
         vectors = sparse_encoder(source).encode(inputs, batch_size=8, convert_to_tensor=True,
                                                 convert_to_sparse_tensor=False)
         return list(vectors.float().numpy())
+    if source.task == "multi-vector":
+        from sentence_transformers import MultiVectorEncoder
+        encoder = MultiVectorEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
+        return [vectors.float().numpy() for vectors in encoder.encode_document(inputs, batch_size=8)]
     if source.facts.reranker is not None:
         return causal_reranker_scores(source, inputs)
     if source.task == "ranking":

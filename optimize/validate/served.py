@@ -21,9 +21,10 @@ from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import l2_normalize
+from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
-from infinity.tokenization import TextInput
+from infinity.tokenization import Encoded, TextInput
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
 from optimize.validate.reference import ranking_group_sizes
@@ -32,6 +33,7 @@ Outputs = list[np.ndarray]
 SHUFFLE_SEED = 7
 DEFAULTS = Settings()  # frozen: the server's defaults, shared
 CANDIDATE = ".candidate.onnx"
+DOCUMENT = "document"  # the role a multi-vector model's parity is measured in: what a request gets by default
 
 
 @dataclass
@@ -69,18 +71,33 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def row_values(model: LoadedModel, row: np.ndarray, length: int) -> np.ndarray:
+def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> np.ndarray:
     """The numbers parity compares, from one row of a served batch, with the defaults a task's answer applies
-    (normalization, the score activation); token labels: the probabilities its entities are grouped from."""
+    (normalization, the score activation, a document's tokens); token labels: the probabilities its entities are
+    grouped from."""
     task, facts = model.manifest.source.task, model.manifest.task
     if task == "feature-extraction":
         return (l2_normalize(row) if facts.normalize else row).astype(np.float32)
     if task == "token-classification":
-        return row[:length].astype(np.float32)
+        return row[:len(item)].astype(np.float32)
     if task == "sparse-embedding":
         return row.astype(np.float32)
+    if isinstance(model.task, MultiVectorEmbedding):
+        return model.task.vectors(row[None], [item], DOCUMENT)[0]
     default = "sigmoid" if task == "ranking" else "softmax"
     return activate(row, facts.score_activation or default).astype(np.float32)
+
+
+def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
+    """The inputs as a client's request with the defaults: the default prompt, a causal reranker's template, a
+    multi-vector model's document role."""
+    if isinstance(model.task, PromptedTask):
+        return model.task.prompted(Request(list(inputs)), None)
+    if isinstance(model.task, Ranking):  # a causal reranker reads each pair through its template
+        return Request([model.task.pair(*pair) if isinstance(pair, tuple) else pair for pair in inputs])
+    if isinstance(model.task, MultiVectorEmbedding):
+        return model.task.request(list(inputs), DOCUMENT)
+    return Request(list(inputs))
 
 
 def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
@@ -89,19 +106,15 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
     (padding, engine, the task's reduction). `alone` False, for a graph whose answers cannot depend on their
     batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
-    if isinstance(model.task, PromptedTask):  # texts get the default prompt, as a server gives it
-        inputs = model.task.prompted(Request(list(inputs)), None).texts
-    if isinstance(model.task, Ranking):  # a causal reranker reads each pair through its template
-        inputs = [model.task.pair(*pair) if isinstance(pair, tuple) else pair for pair in inputs]
-    encoded = model.tokenizer.encode(inputs, truncate=True)
-    singles = [row_values(model, model.forward([e])[0], len(e)) for e in encoded] if alone else []
+    encoded = model.encode(served_request(model, inputs))
+    singles = [row_values(model, model.forward([e])[0], e) for e in encoded] if alone else []
     batched: list[np.ndarray | None] = [None] * len(inputs)
     largest = 0
     for indices in mixed_batches([len(e) for e in encoded], settings, shuffled=alone):
         largest = max(largest, len(indices))
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
-            batched[i] = row_values(model, row, len(encoded[i]))
+            batched[i] = row_values(model, row, encoded[i])
     every = cast(Outputs, batched)  # every index is in one batch
     return ServedOutputs(singles if alone else every, every, largest)
 

@@ -1,0 +1,90 @@
+"""Multi-vector embeddings (ColBERT): the graph answers every token's vector, projected and normalized; the server
+keeps the tokens the model's rules keep for the input's role, a query or a document."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity.manifest import ROLES, Manifest, MultiVector, QueryExpansion
+from infinity.schema import Choice, Schema
+from infinity.tasks.base import Parsed, Request, Task, texts_schema
+from infinity.tokenization import Encoded, TextInput
+
+
+def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
+    """A query filled up to the expansion length with the expansion token; the model reads the filler only where
+    the expansion attends to it."""
+    missing = expansion.length - len(item)
+    if missing <= 0:
+        return item
+    return Encoded(ids=[*item.ids, *[expansion.token_id] * missing], type_ids=[*item.type_ids, *[0] * missing],
+                   offsets=[*item.offsets, *[(0, 0)] * missing], special=[*item.special, *[1] * missing],
+                   attended=None if expansion.attend else len(item))
+
+
+class MultiVectorEmbedding(Task):
+    name = "multi-vector"
+    top_level = ("input_type",)
+
+    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
+        super().__init__(manifest, directory)
+        assert manifest.task.multi_vector is not None  # check_facts requires it
+        self.rules: MultiVector = manifest.task.multi_vector
+        self.skiplist = np.asarray(self.rules.skiplist_ids, dtype=np.int64)
+
+    def inputs(self, limit: int) -> Schema:
+        return texts_schema(limit)
+
+    def role_field(self) -> Schema:
+        return Choice(ROLES, default="document",
+                      description="query or document: each gets the model's own prompt and length, a query its "
+                                  "expansion, a document its skiplist")
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"input_type": self.role_field()}
+
+    def matrix_doc(self) -> dict[str, Any]:
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+        if self.manifest.task.embedding_dim:
+            vector["minItems"] = vector["maxItems"] = self.manifest.task.embedding_dim
+        return {"type": "array", "items": vector, "description": "one vector per token the model scores"}
+
+    def answer_doc(self) -> dict[str, Any]:
+        matrix = self.matrix_doc()
+        return {"oneOf": [matrix, {"type": "array", "items": matrix, "minItems": 1}]}
+
+    def request(self, texts: list[TextInput], role: str) -> Request:
+        """Texts in one role, with its prompt before each and its maximum length."""
+        prompt = self.manifest.task.prompts.get(role, "")
+        return Request([prompt + text for text in texts] if prompt else texts,  # type: ignore[operator]  # texts
+                       max_length=self.rules.max_length(role), role=role)
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return Parsed(self.request(texts, params.get("input_type", "document")), {}, isinstance(inputs, str))
+
+    def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
+        expansion = self.rules.expansion
+        if request.role != "query" or expansion is None:
+            return items
+        return [expanded(item, expansion) for item in items]
+
+    def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return output.astype(np.float32)
+
+    def vectors(self, rows: np.ndarray, encoded: list[Encoded], role: str) -> list[np.ndarray]:
+        """Each input's vectors: its tokens (padding never), less the skiplist's in the roles it applies to."""
+        skips = role in self.rules.skiplist_roles and len(self.skiplist) > 0
+        answers = []
+        for row, item in zip(rows, encoded):
+            vectors = row[:len(item)]
+            if skips:
+                vectors = vectors[~np.isin(np.asarray(item.ids), self.skiplist)]
+            answers.append(np.ascontiguousarray(vectors))
+        return answers
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        vectors = self.vectors(rows, encoded, parsed.request.role or "document")
+        return vectors[0] if parsed.single else vectors
