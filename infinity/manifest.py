@@ -18,8 +18,8 @@ from infinity.manifest_schema import conform
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-TASKS = ("feature-extraction", "sparse-embedding", "multi-vector", "sequence-classification", "token-classification",
-         "ranking")
+TASKS = ("feature-extraction", "sparse-embedding", "multi-vector", "hybrid-embedding", "sequence-classification",
+         "token-classification", "ranking")
 # sentence-transformers' pooling modes; several are concatenated in order, written "cls+mean"
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 SPLADE = "splade"  # sparse-embedding's one pooling: a masked-LM's logits to one weight per vocabulary entry
@@ -123,6 +123,20 @@ class MultiVector:
 
 
 @dataclass
+class Hybrid:
+    """bge-m3's three heads over one pass, side by side in each token's row of the graph's one output: the last
+    hidden state (`hidden_size`; the dense vector is the first token's), the sparse weight (relu of its
+    sparse_linear), and the ColBERT vector (its colbert_linear, normalized; `colbert_dim`)."""
+    hidden_size: int
+    colbert_dim: int
+    unused_ids: list[int] = field(default_factory=list)  # no sparse weight: the tokenizer's cls, eos, pad and unk
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size + 1 + self.colbert_dim
+
+
+@dataclass
 class TaskFacts:
     pooling: str | None = None          # feature-extraction: one of POOLINGS, or several joined by "+"; sparse: SPLADE
     splade: dict[str, str] | None = None  # sparse-embedding: SpladePooling's settings (SPLADE_SETTINGS), in the graph
@@ -138,6 +152,7 @@ class TaskFacts:
     embedding_ranges: dict[str, list[list[float]]] | None = None
     reranker: Reranker | None = None  # ranking with a causal LM: its prompt and the tokens whose odds are the score
     multi_vector: MultiVector | None = None  # multi-vector: which token vectors a query or document answers
+    hybrid: Hybrid | None = None  # hybrid-embedding: where each head's numbers are in the graph's output
 
 
 @dataclass
@@ -338,6 +353,10 @@ def check_facts(manifest: Manifest) -> None:
                 for ranges in facts.embedding_ranges.values())),
          f"{' and '.join(RANGES)}, each two lists of one number per dimension, minimums then maximums"),
     ]
+    if manifest.source.task == "hybrid-embedding":
+        hybrid = facts.hybrid
+        checks.append(("task.hybrid", hybrid is not None and hybrid.hidden_size >= 1 and hybrid.colbert_dim >= 1,
+                       "the widths of the hidden state and the ColBERT vector, at least 1 each"))
     if manifest.source.task == "multi-vector":
         multi = facts.multi_vector
         expansion = multi.expansion if multi is not None else None

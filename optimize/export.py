@@ -10,7 +10,7 @@ from typing import Any
 
 from infinity.manifest import SPLADE_MAX_LOGITS, Reranker
 from optimize.onnxio import copy_model, external_files
-from optimize.source import SourceModel
+from optimize.source import SourceModel, m3_heads
 
 OPSET = 17
 
@@ -32,6 +32,7 @@ def load_torch_model(source: SourceModel) -> Any:
         "feature-extraction": AutoModel,
         "sparse-embedding": AutoModelForMaskedLM,
         "multi-vector": AutoModel,
+        "hybrid-embedding": AutoModel,
         "sequence-classification": AutoModelForSequenceClassification,
         "ranking": AutoModelForSequenceClassification,
         "token-classification": AutoModelForTokenClassification,
@@ -102,6 +103,28 @@ def multi_vector_model(model: Any, source: SourceModel) -> Any:
     encoder = MultiVectorEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
     modules = [module for module in list(encoder)[1:] if type(module).__name__ in ("Dense", "Normalize")]
     return with_modules(model, modules, "token_embeddings")
+
+
+def hybrid_model(model: Any, source: SourceModel) -> Any:
+    """bge-m3's three heads over one pass, as one torch module: (attention mask, inputs) -> batch x tokens x (hidden
+    state, relu of sparse_linear, colbert_linear normalized): each token's numbers for every head side by side."""
+    import torch
+
+    heads = m3_heads(source.path)
+
+    class Heads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.colbert = heads["colbert_linear"]
+            self.sparse = heads["sparse_linear"]
+
+        def forward(self, attention_mask: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            hidden = self.model(**inputs).last_hidden_state
+            colbert = torch.nn.functional.normalize(self.colbert(hidden), dim=-1)
+            return torch.cat([hidden, torch.relu(self.sparse(hidden)), colbert], dim=-1)
+
+    return Heads().eval()
 
 
 def with_modules(model: Any, modules: list[Any], output: str) -> Any:
@@ -227,6 +250,8 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
         head, output = reranker_model(model, source.facts.reranker), "logits"
     elif source.task == "multi-vector":
         head, output = multi_vector_model(model, source), "token_embeddings"
+    elif source.task == "hybrid-embedding":
+        head, output = hybrid_model(model, source), "hybrid"
     elif source.facts.pooled_in_graph:
         head, output = embedding_model(model, source), "sentence_embedding"
     else:
@@ -254,7 +279,7 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
         source.tokenizer.padding_side = padding_side
     args = tuple(sample[name] for name in names)
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, output]}
-    if head is not None and source.task != "multi-vector":
+    if head is not None and source.task not in ("multi-vector", "hybrid-embedding"):
         axes[output] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad(), broadcast_masks():
         warnings.simplefilter("ignore")

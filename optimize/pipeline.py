@@ -31,7 +31,7 @@ from optimize.onnxio import copy_model, model_bytes, save_model
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize.embeddings import quantize_embedding_tables
 from optimize.quantize.int8 import quantize_int8
-from optimize.source import SourceModel, load_source
+from optimize.source import M3_HEADS, SourceModel, load_source
 from optimize.validate.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
 from optimize.validate.latency import latency_table, median_latency_ms
 from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
@@ -224,7 +224,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
         log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
         facts = draft.task
-        if options.task == "feature-extraction":
+        if options.task in ("feature-extraction", "hybrid-embedding"):
             # int8/uint8 answers: ranges from the texts the recipe saw, never the held-out ones
             seen = [*calibration_inputs(options.task), *tuning_inputs(options.task), *probe_inputs(options.task)]
             facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(artifact_model, seen))
@@ -260,6 +260,9 @@ def source_notes(source: SourceModel) -> list[str]:
     if source.head and source.task == "feature-extraction":
         notes.append("the graph ends with the model's pooling and " + ", ".join(m.kind for m in source.head)
                      + " modules: it answers sentence embeddings")
+    if source.task == "feature-extraction" and all((source.path / f"{name}.pt").is_file() for name in M3_HEADS):
+        notes.append("the model also has bge-m3's sparse and ColBERT heads (colbert_linear.pt, sparse_linear.pt): "
+                     "--task hybrid-embedding serves all three embeddings from one pass")
     if "lasttoken" in (source.facts.pooling or "").split("+"):
         eos = source.tokenizer.eos_token
         ends = source.tokenizer("probe")["input_ids"][-1:] == [source.tokenizer.eos_token_id]
@@ -287,6 +290,9 @@ def _reference_name(source: SourceModel) -> str:
                 "computes it, PyTorch FP32")
     if source.task == "multi-vector":
         return "sentence-transformers MultiVectorEncoder.encode_document, PyTorch FP32"
+    if source.task == "hybrid-embedding":
+        return ("bge-m3's formulas over the transformers encoder (dense: first token normalized; sparse: relu of "
+                "sparse_linear, each token id's largest; ColBERT: colbert_linear normalized), PyTorch FP32")
     if source.task == "sparse-embedding":
         return "sentence-transformers SparseEncoder, PyTorch FP32" + (
             "" if source.sentence_transformers else " (transformers masked-LM + SpladePooling)")

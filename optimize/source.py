@@ -15,6 +15,7 @@ from infinity.manifest import (
     SPLADE,
     SPLADE_SETTINGS,
     TASKS,
+    Hybrid,
     MultiVector,
     QueryExpansion,
     Reranker,
@@ -98,6 +99,8 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
         raise ValueError(f"--pooling is for feature-extraction and sparse-embedding, not {task}")
     elif task == "multi-vector":
         facts, head = _multi_vector_facts(path, config, modules, tokenizer)
+    elif task == "hybrid-embedding":
+        facts, head = _hybrid_facts(path, config, modules, tokenizer), []
     elif task == "ranking" and _causal(config):
         facts, head = TaskFacts(score_activation="sigmoid", reranker=reranker_prompt(path, tokenizer, reranker)), []
     else:
@@ -338,6 +341,50 @@ def _expansion(config: dict[str, Any] | None, tokenizer: Any) -> QueryExpansion 
         raise ValueError("query_expansion names no token, and the tokenizer has neither a mask nor an end token")
     return QueryExpansion(strategy=strategy, attend=bool(config.get("attend", False)), token_id=int(token_id),
                           length=length)
+
+
+M3_HEADS = ("colbert_linear", "sparse_linear")  # bge-m3's extra weight files, beside the encoder's
+
+
+def m3_heads(path: Path) -> dict[str, Any]:
+    """bge-m3's ColBERT and sparse heads as torch Linear layers, from their weight files."""
+    import torch
+
+    heads = {}
+    for name in M3_HEADS:
+        state = torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
+        out_features, in_features = state["weight"].shape
+        layer = torch.nn.Linear(in_features, out_features, bias="bias" in state)
+        layer.load_state_dict(state)
+        heads[name] = layer.eval()
+    return heads
+
+
+def _hybrid_facts(path: Path, config: Any, modules: list[Module], tokenizer: Any) -> TaskFacts:
+    """bge-m3 (FlagEmbedding's M3 layout): the encoder's first token normalized (dense), relu of sparse_linear per
+    token (sparse), colbert_linear normalized per token (ColBERT)."""
+    missing = [f"{name}.pt" for name in M3_HEADS if not (path / f"{name}.pt").is_file()]
+    if missing:
+        raise ValueError(f"{path.name} has no {' or '.join(missing)}: hybrid-embedding reads bge-m3's sparse and "
+                         "ColBERT heads from those weight files beside the encoder")
+    kinds = [m.kind for m in modules]
+    if "Pooling" in kinds:
+        pooling, _ = pooling_mode(_read_json(modules[kinds.index("Pooling")].path / "config.json"))
+        if pooling != "cls":
+            raise ValueError(f"{path.name} pools its dense vector by {pooling}; bge-m3's dense vector is its first "
+                             "token's, the one hybrid-embedding serves")
+    hidden = _hidden_size(config)
+    heads = m3_heads(path)
+    colbert, sparse = heads["colbert_linear"], heads["sparse_linear"]
+    if colbert.in_features != hidden or sparse.in_features != hidden or sparse.out_features != 1:
+        raise ValueError(f"{path.name}: colbert_linear.pt and sparse_linear.pt must read the {hidden}-wide hidden "
+                         "state, and sparse_linear must give one weight per token")
+    unused = sorted({int(i) for i in (tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                      tokenizer.unk_token_id) if i is not None})
+    prompts, default = _prompts(path)
+    return TaskFacts(pooling="cls", normalize=True, embedding_dim=hidden, prompts=prompts,
+                     default_prompt_name=default,
+                     hybrid=Hybrid(hidden_size=hidden, colbert_dim=colbert.out_features, unused_ids=unused))
 
 
 # Ranking prompts of causal rerankers, as their model cards give them.

@@ -17,6 +17,7 @@ from tests.models import (  # noqa: E402
     build_tiny_colbert,
     build_tiny_distilbert,
     build_tiny_gemma3_embedding,
+    build_tiny_m3,
     build_tiny_qwen3_embedding,
     build_tiny_qwen3_reranker,
     build_tiny_splade,
@@ -52,6 +53,8 @@ class ArtifactCache:
                 build_tiny_splade(path)
             elif name == "colbert-tiny":
                 build_tiny_colbert(path)
+            elif name == "m3-tiny":
+                build_tiny_m3(path)
             else:
                 build_minilm_head(name, path)
         return path
@@ -60,7 +63,7 @@ class ArtifactCache:
         from optimize.pipeline import OptimizeOptions, optimize
 
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
-                          "multi-vector": "colbert-tiny"}.get(task, task)
+                          "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
         if not (path / "manifest.json").is_file():
             optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,

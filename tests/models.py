@@ -415,3 +415,26 @@ def build_tiny_colbert(out: Path, layers: int = 2, seed: int = 0) -> Path:
     MultiVectorEncoder(modules=modules, prompts={"query": "query: ", "document": "document: "},
                        device="cpu").save(str(out))
     return out
+
+
+def build_tiny_m3(out: Path, layers: int = 2, seed: int = 0) -> Path:
+    """A directory laid out as bge-m3 is published: a sentence-transformers encoder with CLS pooling and Normalize
+    (here the real MiniLM backbone, first `layers` layers), and beside it the sparse and ColBERT heads' weight
+    files, colbert_linear.pt and sparse_linear.pt (seeded)."""
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    config = AutoConfig.from_pretrained(minilm_dir(), num_hidden_layers=layers)
+    BertModel.from_pretrained(minilm_dir(), config=config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(out)
+    write_sentence_transformers(out, config.hidden_size, 256, pooling="cls")
+    modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
+    _write_json(out / "modules.json", [*modules, {"idx": 2, "name": "2", "path": "2_Normalize",
+                                                  "type": "sentence_transformers.models.Normalize"}])
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    torch.manual_seed(seed)
+    torch.save(torch.nn.Linear(config.hidden_size, config.hidden_size).state_dict(), out / "colbert_linear.pt")
+    torch.save(torch.nn.Linear(config.hidden_size, 1).state_dict(), out / "sparse_linear.pt")
+    return out

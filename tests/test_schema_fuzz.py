@@ -78,7 +78,7 @@ def test_fuzzing_feature_extraction_finds_nothing(embedder: Server, tmp_path: Pa
 
 
 @pytest.mark.parametrize("task", ["ranking", "sequence-classification", "token-classification", "sparse-embedding",
-                                  "multi-vector"])
+                                  "multi-vector", "hybrid-embedding"])
 def test_fuzzing_other_tasks_finds_nothing(task: str, artifact_for: Any, tmp_path: Path) -> None:
     with running(artifact_for(task), tmp_path / "server.log") as server:
         fuzz(server, tmp_path)

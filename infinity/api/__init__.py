@@ -10,6 +10,7 @@ from infinity.preflight import StartupError
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
@@ -27,7 +28,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
         served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
         served += [tei.embed_all(task, limit)] if task.answers_tokens else []
         served += cohere.embed_endpoints(task, limit)
-    if isinstance(task, SparseEmbedding):
+    if isinstance(task, (SparseEmbedding, HybridEmbedding)):
         served.append(tei.embed_sparse(task, limit))
     if isinstance(task, MultiVectorEmbedding):
         served.append(tei.embed_all(task, limit))

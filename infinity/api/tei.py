@@ -11,9 +11,10 @@ from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
-from infinity.tasks.sparse_embedding import SparseEmbedding, sparse_rows
+from infinity.tasks.sparse_embedding import SparseEmbedding
 from infinity.tokenization import TextInput, TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
@@ -57,14 +58,13 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
         request = task.prompted(truncated(Request(texts, tokens=True), body), body.get("prompt_name"))
 
         def render(result: Result) -> Any:
-            return [rows[:len(encoded)] for rows, encoded in zip(result.rows, result.encoded)]
+            return task.token_answers(result.rows, result.encoded)
 
         return request, render
 
-    vectors = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
-               "description": "one vector per token, the special tokens included"}
-    return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)", {"type": "array", "items": vectors},
-                    body=schema, prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+    return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
+                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, tasks=(task.name,),
+                    errors=ERRORS)
 
 
 def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
@@ -84,7 +84,7 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
                     tasks=(MultiVectorEmbedding.name,), errors=ERRORS)
 
 
-def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:
+def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(), **truncation()},
                     required=("inputs",))
 
@@ -92,13 +92,13 @@ def embed_sparse(task: SparseEmbedding, limit: int) -> Endpoint:
         texts = listed(body["inputs"])
 
         def render(result: Result) -> Any:
-            return sparse_rows(result.rows, body["threshold"], body.get("top_k"))
+            return task.sparse_answers(result.rows, result.encoded, body["threshold"], body.get("top_k"))
 
         return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
-                    {"type": "array", "items": task.vector_doc()}, body=schema, prepare=prepare,
-                    tasks=(SparseEmbedding.name,), errors=ERRORS)
+                    {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,
+                    tasks=(task.name,), errors=ERRORS)
 
 
 def rerank(task: Ranking, limit: int) -> Endpoint:

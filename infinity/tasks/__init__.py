@@ -5,6 +5,7 @@ from pathlib import Path
 from infinity.manifest import Manifest
 from infinity.tasks.base import Parsed, Request, Task
 from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sequence_classification import SequenceClassification
@@ -12,8 +13,8 @@ from infinity.tasks.sparse_embedding import SparseEmbedding
 from infinity.tasks.token_classification import TokenClassification
 
 TASK_CLASSES: dict[str, type[Task]] = {
-    cls.name: cls for cls in (FeatureExtraction, SparseEmbedding, MultiVectorEmbedding, SequenceClassification,
-                              TokenClassification, Ranking)
+    cls.name: cls for cls in (FeatureExtraction, SparseEmbedding, MultiVectorEmbedding, HybridEmbedding,
+                              SequenceClassification, TokenClassification, Ranking)
 }
 
 

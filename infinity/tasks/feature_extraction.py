@@ -69,7 +69,7 @@ def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) ->
 
 class FeatureExtraction(PromptedTask):
     name = "feature-extraction"
-    top_level = ("normalize", "dimensions", "prompt_name", "precision")
+    top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -158,6 +158,14 @@ class FeatureExtraction(PromptedTask):
         if not self.answers_tokens:
             raise ValidationError("this artifact's graph answers pooled vectors only")
         return output.astype(np.float32)
+
+    def token_answers(self, rows: np.ndarray, encoded: list[Encoded]) -> list[np.ndarray]:
+        """Each text's token vectors, from token_vectors' padded rows: every token's, padding cut."""
+        return [row[:len(item)] for row, item in zip(rows, encoded)]
+
+    def token_doc(self) -> dict[str, Any]:
+        return {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+                "description": "one vector per token, the special tokens included"}
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized. The answer is

@@ -27,6 +27,13 @@ def sparse_rows(rows: np.ndarray, threshold: float = 0.0, top_k: int | None = No
     return answers
 
 
+def selection(vocabulary: int | None) -> dict[str, Schema]:
+    """Which weights a sparse answer lists: shared by /predict and /embed_sparse."""
+    return {"top_k": Integer(minimum=1, maximum=vocabulary,
+                             description="keep only the k largest weights of each vector"),
+            "threshold": Number(minimum=0.0, default=0.0, description="keep only weights above this")}
+
+
 class SparseEmbedding(PromptedTask):
     name = "sparse-embedding"
     top_level = ("top_k", "threshold", "prompt_name")
@@ -42,10 +49,7 @@ class SparseEmbedding(PromptedTask):
         return texts_schema(limit)
 
     def selection(self) -> dict[str, Schema]:
-        """Which weights an answer lists: shared by /predict and /embed_sparse."""
-        return {"top_k": Integer(minimum=1, maximum=self.manifest.task.embedding_dim,
-                                 description="keep only the k largest weights of each vector"),
-                "threshold": Number(minimum=0.0, default=0.0, description="keep only weights above this")}
+        return selection(self.manifest.task.embedding_dim)
 
     def parameters(self) -> dict[str, Schema]:
         return {**self.selection(), **self.prompt_fields()}
@@ -77,6 +81,10 @@ class SparseEmbedding(PromptedTask):
                 row[kept] = np.log1p(row[kept])
         return rows
 
+    def sparse_answers(self, rows: np.ndarray, encoded: list[Encoded], threshold: float = 0.0,
+                       top_k: int | None = None) -> list[SparseVector]:
+        return sparse_rows(rows, threshold, top_k)
+
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        vectors = sparse_rows(rows, parsed.params["threshold"], parsed.params["top_k"])
+        vectors = self.sparse_answers(rows, encoded, parsed.params["threshold"], parsed.params["top_k"])
         return vectors[0] if parsed.single else vectors

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +13,11 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     "feature-extraction": {"cosine_min": 0.99},
     "sparse-embedding": {"cosine_min": 0.99, "dot_spearman_mean": 0.95, "top_k_overlap_mean": 0.9},
     "multi-vector": {"token_cosine_mean": 0.99, "maxsim_spearman_mean": 0.95},
+    # the sparse head's weights are one dot product per token, cut at zero by relu: a text of two tokens whose
+    # smaller weight sits near zero moves its cosine most, so the mean and the rankings are held to account
+    "hybrid-embedding": {"dense_cosine_min": 0.99, "sparse_cosine_mean": 0.99, "sparse_dot_spearman_mean": 0.95,
+                         "sparse_top_k_overlap_mean": 0.9, "colbert_token_cosine_mean": 0.99,
+                         "colbert_maxsim_spearman_mean": 0.95},
     "sequence-classification": {"top1_agreement": 0.99},
     "token-classification": {"label_agreement": 0.99},
     "ranking": {"spearman_mean": 0.95, "top1_agreement": 0.99},
@@ -33,6 +39,9 @@ METRICS: dict[str, tuple[str, ...]] = {
     "token-classification": ("label_agreement", "max_prob_diff"),
     "ranking": ("spearman_mean", "spearman_min", "top1_agreement", "top1_agreement_strict", "max_score_diff"),
 }
+# hybrid-embedding: each head's metrics, by the task whose answers it shares
+HYBRID_HEADS = {"dense": "feature-extraction", "sparse": "sparse-embedding", "colbert": "multi-vector"}
+METRICS["hybrid-embedding"] = tuple(f"{head}_{name}" for head, task in HYBRID_HEADS.items() for name in METRICS[task])
 
 
 def check_thresholds(task: str, thresholds: dict[str, float]) -> None:
@@ -68,6 +77,8 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
         metrics = _sparse(reference, candidate)
     elif task == "multi-vector":
         metrics = _multi_vector(reference, candidate)
+    elif task == "hybrid-embedding":
+        metrics = _hybrid(reference, candidate)
     elif task == "sequence-classification":
         metrics = _classification(reference, candidate)
     elif task == "token-classification":
@@ -77,11 +88,13 @@ def compare(task: str, reference: Outputs, candidate: Outputs, groups: list[int]
     failures = [f"{name} = {metrics[name]:.4f}, needs >= {bound}" for name, bound in thresholds.items()
                 if not metrics[name] >= bound]
     # texts to rank a search's nodes on: where the metric is continuous; a top-1 agreement over a few texts ties
+    if task == "hybrid-embedding":  # ranked by the dense vector
+        reference, candidate = [r.dense for r in reference], [c.dense for c in candidate]
     ranked = hardest(reference, candidate) if task in CONTINUOUS else []
     return ParityResult(metrics, thresholds, failures, ranked)
 
 
-CONTINUOUS = ("feature-extraction", "sparse-embedding", "multi-vector")  # tasks whose answers are vectors
+CONTINUOUS = ("feature-extraction", "sparse-embedding", "multi-vector", "hybrid-embedding")  # answers are vectors
 
 
 def hardest(reference: Outputs, candidate: Outputs) -> list[int]:
@@ -103,13 +116,21 @@ def worst(first: ParityResult, second: ParityResult) -> ParityResult:
 
 
 def _lower_is_better(metric: str) -> bool:
-    return metric.startswith("max_") or metric == "tokenization_mismatches"
+    name = metric.split("_", 1)[1] if metric.startswith(tuple(f"{head}_" for head in HYBRID_HEADS)) else metric
+    return name.startswith("max_") or name == "tokenization_mismatches"
 
 
 def batch_invariance(task: str, alone: Outputs, batched: Outputs) -> dict[str, float]:
     """How far an input's served answer moves between running alone and inside a padded batch."""
-    diffs = [float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max()) for a, b in zip(alone, batched)]
+    def moved(a: Any, b: Any) -> float:
+        if np.shape(a) != np.shape(b):  # a sparse answer with other ids
+            return np.inf
+        return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max(initial=0.0))
+
+    diffs = [max(map(moved, a, b)) if task == "hybrid-embedding" else moved(a, b) for a, b in zip(alone, batched)]
     result = {"max_abs_diff": max(diffs), "inputs_changed": float(sum(d > 0 for d in diffs))}
+    if task == "hybrid-embedding":  # of the dense vectors
+        alone, batched = [a.dense for a in alone], [b.dense for b in batched]
     if task in CONTINUOUS:  # a multi-vector answer's rows are its tokens' vectors
         join = np.concatenate if task == "multi-vector" else np.stack
         result["cosine_min"] = float(_cosines(join(alone), join(batched)).min())
@@ -185,6 +206,22 @@ def _multi_vector(reference: Outputs, candidate: Outputs) -> dict[str, float]:
             "max_abs_diff": float(np.abs(a - b).max()), "maxsim_spearman_mean": float(np.mean(rhos)),
             "maxsim_spearman_min": float(np.min(rhos)), "maxsim_top1_agreement": float(np.mean(top1)),
             "tokenization_mismatches": 0.0}
+
+
+def _hybrid(reference: Outputs, candidate: Outputs) -> dict[str, float]:
+    """Each head as its own task measures it; the sparse vectors over the token ids either side weighs."""
+    ids = np.unique(np.concatenate([answer.sparse[0] for answer in [*reference, *candidate]])).astype(np.int64)
+
+    def sparse(answers: Outputs) -> Outputs:
+        rows = np.zeros((len(answers), len(ids)))
+        for row, answer in zip(rows, answers):
+            row[np.searchsorted(ids, answer.sparse[0].astype(np.int64))] = answer.sparse[1]
+        return list(rows)
+
+    heads = {"dense": _embeddings([r.dense for r in reference], [c.dense for c in candidate]),
+             "sparse": _sparse(sparse(reference), sparse(candidate)),
+             "colbert": _multi_vector([r.colbert for r in reference], [c.colbert for c in candidate])}
+    return {f"{head}_{name}": value for head, metrics in heads.items() for name, value in metrics.items()}
 
 
 def _maxsim(query: np.ndarray, documents: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Task-level outputs of the original model (PyTorch FP32) and of an ONNX graph, on the same probes."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -9,7 +9,15 @@ from infinity.tasks.base import activate
 from infinity.tokenization import TextInput
 from optimize.source import SourceModel, read_modules
 
-Outputs = list[np.ndarray]  # one array per input: a vector, a probability row, a token x label matrix, a score
+# one answer per input: a vector, a probability row, a token x label matrix, a score; for hybrid-embedding a
+# HybridAnswer
+Outputs = list[Any]
+
+
+class HybridAnswer(NamedTuple):
+    dense: np.ndarray    # the normalized vector
+    sparse: np.ndarray   # 2 x n: token ids in order, and their weights
+    colbert: np.ndarray  # one normalized vector per token but the first
 
 
 def ranking_group_sizes(inputs: list[TextInput]) -> list[int]:
@@ -41,6 +49,8 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
         from sentence_transformers import MultiVectorEncoder
         encoder = MultiVectorEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
         return [vectors.float().numpy() for vectors in encoder.encode_document(inputs, batch_size=8)]
+    if source.task == "hybrid-embedding":
+        return m3_reference(source, inputs)
     if source.facts.reranker is not None:
         return causal_reranker_scores(source, inputs)
     if source.task == "ranking":
@@ -76,6 +86,41 @@ def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
                 rows = [probs[row, : int(mask[row].sum())] for row in range(len(chunk))]
             results.update(zip(chunk, rows))
     return [results[i] for i in range(len(inputs))]
+
+
+def m3_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
+    """bge-m3's reference formulas over the transformers encoder: the first token's hidden state normalized; relu
+    of sparse_linear per token, each token id's largest weight, the cls, eos, pad and unk ids left out; and
+    colbert_linear of every token but the first, masked, normalized."""
+    import torch
+
+    from optimize.export import load_torch_model
+    from optimize.source import m3_heads
+
+    assert source.facts.hybrid is not None
+    unused = set(source.facts.hybrid.unused_ids)
+    model, heads = load_torch_model(source), m3_heads(source.path)
+    answers: list[HybridAnswer] = []
+    for start in range(0, len(inputs), 8):
+        texts = [t for t in inputs[start:start + 8] if isinstance(t, str)]
+        batch = source.tokenizer(texts, padding=True, truncation=True, max_length=source.max_length,
+                                 return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+            dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
+            weights = torch.relu(heads["sparse_linear"](hidden)).squeeze(-1)
+            mask = batch["attention_mask"]
+            colbert = heads["colbert_linear"](hidden[:, 1:]) * mask[:, 1:, None].float()
+            colbert = torch.nn.functional.normalize(colbert, dim=-1)
+        for row in range(len(texts)):
+            best: dict[int, float] = {}
+            for token, weight in zip(batch["input_ids"][row].tolist(), weights[row].tolist()):
+                if token not in unused and weight > 0:
+                    best[token] = max(best.get(token, 0.0), weight)
+            ids = sorted(best)
+            answers.append(HybridAnswer(dense[row].numpy(), np.asarray([ids, [best[i] for i in ids]], np.float64),
+                                        colbert[row, :int(mask[row].sum()) - 1].numpy()))
+    return answers
 
 
 def causal_reranker_scores(source: SourceModel, inputs: list[TextInput]) -> Outputs:

@@ -9,7 +9,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import numpy as np
 
@@ -21,15 +21,16 @@ from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import l2_normalize
+from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
 from infinity.tokenization import Encoded, TextInput
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
-from optimize.validate.reference import ranking_group_sizes
+from optimize.validate.reference import HybridAnswer, ranking_group_sizes
 
-Outputs = list[np.ndarray]
+Outputs = list[Any]
 SHUFFLE_SEED = 7
 DEFAULTS = Settings()  # frozen: the server's defaults, shared
 CANDIDATE = ".candidate.onnx"
@@ -71,7 +72,7 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> np.ndarray:
+def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
     """The numbers parity compares, from one row of a served batch, with the defaults a task's answer applies
     (normalization, the score activation, a document's tokens); token labels: the probabilities its entities are
     grouped from."""
@@ -84,6 +85,11 @@ def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> np.ndarray
         return row.astype(np.float32)
     if isinstance(model.task, MultiVectorEmbedding):
         return model.task.vectors(row[None], [item], DOCUMENT)[0]
+    if isinstance(model.task, HybridEmbedding):
+        rows, sparse = row[None], model.task.sparse_answers(row[None], [item])[0]
+        return HybridAnswer(model.task.embed(rows, facts.normalize)[0],
+                            np.asarray([[e["index"] for e in sparse], [e["value"] for e in sparse]], np.float64),
+                            model.task.token_answers(rows, [item])[0])
     default = "sigmoid" if task == "ranking" else "softmax"
     return activate(row, facts.score_activation or default).astype(np.float32)
 
@@ -108,15 +114,14 @@ def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings =
     batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
     encoded = model.encode(served_request(model, inputs))
     singles = [row_values(model, model.forward([e])[0], e) for e in encoded] if alone else []
-    batched: list[np.ndarray | None] = [None] * len(inputs)
+    batched: list[Any] = [None] * len(inputs)
     largest = 0
     for indices in mixed_batches([len(e) for e in encoded], settings, shuffled=alone):
         largest = max(largest, len(indices))
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
             batched[i] = row_values(model, row, encoded[i])
-    every = cast(Outputs, batched)  # every index is in one batch
-    return ServedOutputs(singles if alone else every, every, largest)
+    return ServedOutputs(singles if alone else batched, batched, largest)
 
 
 def mixed_batches(lengths: list[int], settings: Settings, shuffled: bool = True) -> list[list[int]]:
@@ -145,7 +150,8 @@ def embedding_ranges(model: LoadedModel, inputs: list[TextInput]) -> dict[str, l
     the ranges of int8 and uint8 embeddings."""
     raw = dataclasses.replace(model, manifest=dataclasses.replace(
         model.manifest, task=dataclasses.replace(model.manifest.task, normalize=False)))
-    rows = np.stack(run_served(raw, inputs, alone=False).batched)
+    answers = run_served(raw, inputs, alone=False).batched
+    rows = np.stack([a.dense if isinstance(a, HybridAnswer) else a for a in answers])
     ranges = {}
     for name, vectors in (("normalized", l2_normalize(rows)), ("unnormalized", rows)):
         ranges[name] = [vectors.min(axis=0).tolist(), vectors.max(axis=0).tolist()]

@@ -1,0 +1,104 @@
+"""Hybrid embeddings (bge-m3): a dense, a sparse and a multi-vector embedding of each text from one pass. Each
+token's row of the graph's output holds the last hidden state, the token's sparse weight and its ColBERT vector;
+the server reads each head's answer from them as bge-m3's reference code does."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity.manifest import Hybrid, Manifest
+from infinity.schema import Array, Choice, Schema
+from infinity.tasks.base import Parsed, texts_schema
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.sparse_embedding import SparseEmbedding, SparseVector, selection
+from infinity.tokenization import Encoded
+
+HEADS = ("dense", "sparse", "colbert")
+
+
+class HybridEmbedding(FeatureExtraction):
+    """The dense vector is a feature-extraction answer (every dense route serves it); the sparse vector lists
+    each token id's largest weight; the ColBERT vectors are every token's but the first's."""
+    name = "hybrid-embedding"
+    top_level = (*FeatureExtraction.top_level, "outputs", "top_k", "threshold")
+
+    def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
+        super().__init__(manifest, directory)
+        assert manifest.task.hybrid is not None  # check_facts requires it
+        self.layout: Hybrid = manifest.task.hybrid
+        self.unused = np.asarray(self.layout.unused_ids, dtype=np.int64)
+
+    def selection(self) -> dict[str, Schema]:
+        return selection(None)
+
+    def inputs(self, limit: int) -> Schema:
+        return texts_schema(limit)
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"outputs": Array(Choice(HEADS), max_items=len(HEADS), default=list(HEADS),
+                                 description="which embeddings each answer holds"),
+                **super().parameters(), **self.selection()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        one = {"type": "object", "properties": {"dense": self.vector_doc(), "sparse": SparseEmbedding.vector_doc(),
+                                                "colbert": self.token_doc()},
+               "description": "the embeddings `outputs` names"}
+        return {"oneOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+
+    def token_doc(self) -> dict[str, Any]:
+        vector = {"type": "array", "items": {"type": "number"}, "minItems": self.layout.colbert_dim,
+                  "maxItems": self.layout.colbert_dim}
+        return {"type": "array", "items": vector, "description": "one ColBERT vector per token but the first"}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        parsed = super().parse(inputs, params)
+        parsed.params.update(outputs=params.get("outputs", list(HEADS)), threshold=params.get("threshold", 0.0),
+                             top_k=params.get("top_k"))
+        return parsed
+
+    def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return output.astype(np.float32)
+
+    def token_vectors(self, output: np.ndarray) -> np.ndarray:
+        return output.astype(np.float32)
+
+    def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+        """The dense vectors: each text's first token's hidden state (the server pads on the right)."""
+        return super().embed(rows[:, 0, :self.layout.hidden_size], normalize, dimensions)
+
+    def sparse_answers(self, rows: np.ndarray, encoded: list[Encoded], threshold: float = 0.0,
+               top_k: int | None = None) -> list[SparseVector]:
+        """Each text's token ids with their largest weight, the unused ids (and weights of 0) left out, in id
+        order: `threshold` and `top_k` select as on a sparse-embedding server."""
+        answers = []
+        for row, item in zip(rows, encoded):
+            ids = np.asarray(item.ids, dtype=np.int64)
+            weights = row[:len(item), self.layout.hidden_size]
+            kept = (weights > threshold) & ~np.isin(ids, self.unused)
+            unique, slots = np.unique(ids[kept], return_inverse=True)
+            best = np.zeros(len(unique), dtype=np.float32)
+            np.maximum.at(best, slots, weights[kept])
+            if top_k is not None and len(unique) > top_k:
+                chosen = np.sort(np.argpartition(best, len(unique) - top_k)[len(unique) - top_k:])
+                unique, best = unique[chosen], best[chosen]
+            answers.append([{"index": index, "value": value} for index, value in zip(unique.tolist(), best.tolist())])
+        return answers
+
+    def token_answers(self, rows: np.ndarray, encoded: list[Encoded]) -> list[np.ndarray]:
+        """The ColBERT vectors: every token's but the first's (bge-m3 scores no [CLS]), normalized in the graph."""
+        start = self.layout.hidden_size + 1
+        return [np.ascontiguousarray(row[1:len(item), start:]) for row, item in zip(rows, encoded)]
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        params, heads = parsed.params, parsed.params["outputs"]
+        by_head: dict[str, Any] = {}
+        if "dense" in heads:
+            by_head["dense"] = self.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
+        if "sparse" in heads:
+            by_head["sparse"] = self.sparse_answers(rows, encoded, params["threshold"], params["top_k"])
+        if "colbert" in heads:
+            by_head["colbert"] = self.token_answers(rows, encoded)
+        answers = [dict(zip(by_head, values)) for values in zip(*by_head.values())]
+        return answers[0] if parsed.single else answers
