@@ -64,11 +64,9 @@ class PerTokenRecord:
 
 
 def per_token_candidates(model_path: Path) -> list[str]:
-    """Every node with a weight matrix, but those with one output column: a single dot product per row costs next
-    to nothing in float, and INT8 rounding shows most there (bge-m3's sparse weight of each token)."""
     graph = onnx.load(str(model_path), load_external_data=False).graph
     weights = {init.name: init for init in graph.initializer}
-    return [n.name for n in graph.node if (weight := _weight(n, weights)) is not None and weight.dims[1] > 1]
+    return [n.name for n in graph.node if _weight(n, weights) is not None]
 
 
 def rewritable(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -90,7 +88,9 @@ def _weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.
     if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights:
         return None
     weight = weights[node.input[1]]
-    return weight if len(weight.dims) == 2 else None
+    # one output column stays float: a single dot product per row costs next to nothing, and INT8 rounding shows
+    # most there (bge-m3's sparse weight of each token)
+    return weight if len(weight.dims) == 2 and weight.dims[1] > 1 else None
 
 
 def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) -> np.ndarray:
