@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -30,8 +29,7 @@ RERANKERS = {"qwen3-reranker-tiny": "qwen3"}  # causal rerankers' prompts, by so
 
 
 class ArtifactCache:
-    """Builds source models and artifacts on first use, once for every test worker (a lock beside each);
-    INFINITY_TEST_ARTIFACTS keeps them between runs."""
+    """Builds source models and artifacts on first use; INFINITY_TEST_ARTIFACTS keeps them between runs."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -41,31 +39,25 @@ class ArtifactCache:
         if name == "minilm":
             return minilm_dir()
         path = self.root / "sources" / name
-        path.parent.mkdir(exist_ok=True)
-        with FileLock(f"{path}.lock"):
-            if not (path / "config.json").is_file():
-                self._build(name, path)
+        if not (path / "config.json").is_file():
+            shutil.rmtree(path, ignore_errors=True)
+            if name == "distilbert-tiny":
+                build_tiny_distilbert(path)
+            elif name == "qwen3-tiny":
+                build_tiny_qwen3_embedding(path)
+            elif name == "gemma3-tiny":
+                build_tiny_gemma3_embedding(path)
+            elif name == "qwen3-reranker-tiny":
+                build_tiny_qwen3_reranker(path)
+            elif name == "splade-tiny":
+                build_tiny_splade(path)
+            elif name == "colbert-tiny":
+                build_tiny_colbert(path)
+            elif name == "m3-tiny":
+                build_tiny_m3(path)
+            else:
+                build_minilm_head(name, path)
         return path
-
-    @staticmethod
-    def _build(name: str, path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-        if name == "distilbert-tiny":
-            build_tiny_distilbert(path)
-        elif name == "qwen3-tiny":
-            build_tiny_qwen3_embedding(path)
-        elif name == "gemma3-tiny":
-            build_tiny_gemma3_embedding(path)
-        elif name == "qwen3-reranker-tiny":
-            build_tiny_qwen3_reranker(path)
-        elif name == "splade-tiny":
-            build_tiny_splade(path)
-        elif name == "colbert-tiny":
-            build_tiny_colbert(path)
-        elif name == "m3-tiny":
-            build_tiny_m3(path)
-        else:
-            build_minilm_head(name, path)
 
     def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
         from optimize.pipeline import OptimizeOptions, optimize
@@ -73,22 +65,17 @@ class ArtifactCache:
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
                           "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
-        with FileLock(f"{path}.lock"):
-            if not (path / "manifest.json").is_file():
-                optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
-                                         precision=precision, reranker_template=RERANKERS.get(model)),
-                         log=lambda _: None)
+        if not (path / "manifest.json").is_file():
+            optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
+                                     precision=precision, reranker_template=RERANKERS.get(model)),
+                     log=lambda _: None)
         return path
 
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
     keep = os.environ.get("INFINITY_TEST_ARTIFACTS")
-    if keep:
-        return ArtifactCache(Path(keep))
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # one directory for every worker of this run
-        return ArtifactCache(tmp_path_factory.getbasetemp().parent / "artifacts")
-    return ArtifactCache(tmp_path_factory.mktemp("artifacts"))
+    return ArtifactCache(Path(keep) if keep else tmp_path_factory.mktemp("artifacts"))
 
 
 @pytest.fixture(scope="session")
