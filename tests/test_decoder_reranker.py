@@ -98,3 +98,19 @@ def test_int8_and_other_models_say_what_to_pass(source_dir: Path, artifacts: Any
                                  reranker_template="qwen3"), log=lambda _: None)
     with pytest.raises(ValueError, match="--reranker-template is for ranking with a causal language model"):
         load_source(str(artifacts.source("ranking")), "ranking", reranker="qwen3")
+
+
+def test_a_request_may_name_its_own_instruction(server: Server, source_dir: Path, reference: np.ndarray) -> None:
+    instruction = "Judge whether the document names a European capital"
+    source = load_source(str(source_dir), "ranking", reranker={**RERANKERS["qwen3"], "instruction": instruction})
+    expected = np.array(torch_reference(source, [(QUERY, text) for text in TEXTS]), dtype=np.float64)
+    assert np.abs(expected - reference).max() > 1e-3  # the instruction is part of what the model reads
+    body = {"query": QUERY, "texts": TEXTS, "instruction": instruction}
+    ranked = httpx.post(server.url + "/rerank", json=body, timeout=60).json()
+    assert np.abs(np.array([r["score"] for r in sorted(ranked, key=lambda r: r["index"])]) - expected).max() < 1e-4
+    predicted = httpx.post(server.url + "/predict", json={"inputs": {"query": QUERY, "texts": TEXTS},
+                                                          "parameters": {"instruction": instruction}}, timeout=60)
+    assert sorted(predicted.json(), key=lambda r: r["index"]) == sorted(ranked, key=lambda r: r["index"])
+    cohere = httpx.post(server.url + "/v2/rerank", json={"query": QUERY, "documents": TEXTS, "model": "m",
+                                                         "instruction": instruction}, timeout=60).json()
+    assert {r["index"]: r["relevance_score"] for r in cohere["results"]} == {r["index"]: r["score"] for r in ranked}

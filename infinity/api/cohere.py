@@ -28,8 +28,8 @@ TRUNCATE: dict[str, dict[str, Any]] = {"NONE": {"truncate": False}, "START": {"t
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
-def body_schema(limit: int) -> Object:
-    return Object({
+def body_schema(task: Ranking, limit: int) -> Object:
+    return Object({**task.instruction_field(),
         "query": Text(),
         "documents": Array(OneOf((Text(), DOCUMENT), 'a string or {"text": str}'), max_items=limit),
         "top_n": Integer(minimum=1, description="answer only the N most relevant documents"),
@@ -52,14 +52,14 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
             return {"id": str(uuid.uuid4()), "results": results,
                     "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}}}
 
-        return task.pairs(body["query"], texts), render
+        return task.pairs(body["query"], texts, body.get("instruction")), render
 
     item = {"type": "object", "required": ["index", "relevance_score"], "properties": {
         "index": {"type": "integer"}, "relevance_score": {"type": "number"},
         "document": {"type": "object", "properties": {"text": {"type": "string"}}}}}
     answer = {"type": "object", "required": ["results"], "properties": {
         "id": {"type": "string"}, "results": {"type": "array", "items": item}, "meta": {"type": "object"}}}
-    schema = body_schema(limit)
+    schema = body_schema(task, limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
                      tasks=(Ranking.name,), errors=ERRORS) for path in RERANK]
 

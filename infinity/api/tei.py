@@ -104,13 +104,13 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
 def rerank(task: Ranking, limit: int) -> Endpoint:
     schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
                      "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
-                     **truncation()}, required=("query", "texts"))
+                     **task.instruction_field(), **truncation()}, required=("query", "texts"))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             return task.answer(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 
-        return truncated(task.pairs(body["query"], body["texts"]), body), render
+        return truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body), render
 
     return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
                     prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)

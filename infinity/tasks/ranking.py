@@ -18,7 +18,15 @@ class Ranking(Task):
 
     def parameters(self) -> dict[str, Schema]:
         return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
-                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False)}
+                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
+                **self.instruction_field()}
+
+    def instruction_field(self) -> dict[str, Schema]:
+        """A causal reranker's task description, in place of the manifest's for one request; others take none."""
+        reranker = self.manifest.task.reranker
+        if reranker is None:
+            return {}
+        return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
 
     def answer_doc(self) -> dict[str, Any]:
         ranked = {"type": "object", "required": ["index", "score"],
@@ -29,18 +37,20 @@ class Ranking(Task):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
                    "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
-        return Parsed(self.pairs(inputs["query"], inputs["texts"]), options, single=False)
+        return Parsed(self.pairs(inputs["query"], inputs["texts"], params.get("instruction")), options, single=False)
 
-    def pairs(self, query: str, texts: list[str]) -> Request:
-        return Request([self.pair(query, text) for text in texts])
+    def pairs(self, query: str, texts: list[str], instruction: str | None = None) -> Request:
+        return Request([self.pair(query, text, instruction) for text in texts])
 
-    def pair(self, query: str, text: str) -> TextInput:
+    def pair(self, query: str, text: str, instruction: str | None = None) -> TextInput:
         """What the tokenizer reads for one pair: the pair itself, or a causal reranker's filled-in template (its
-        tokenizer puts the prompt's prefix and suffix around it)."""
+        tokenizer puts the prompt's prefix and suffix around it), with the manifest's instruction unless the
+        request names its own."""
         reranker = self.manifest.task.reranker
         if reranker is None:
             return query, text
-        return reranker.template.format(instruction=reranker.instruction, query=query, document=text)
+        return reranker.template.format(instruction=reranker.instruction if instruction is None else instruction,
+                                        query=query, document=text)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output[:, 0]
