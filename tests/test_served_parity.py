@@ -8,7 +8,7 @@ from infinity.settings import Settings
 from optimize.calibrate import calibration_inputs
 from optimize.validate.heldout import heldout_inputs
 from optimize.validate.probes import probe_inputs
-from optimize.validate.served import mixed_batches, run_served
+from optimize.validate.served import PADDING_BOUND, mixed_batches, run_served
 
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
 # The INT8 test model per task (see test_optimize.INT8_CASES).
@@ -37,7 +37,9 @@ def test_batches_respect_the_servers_row_and_token_limits():
     batches = mixed_batches(lengths, settings)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for batch in batches:
-        assert len(batch) <= 8 and len(batch) * max(lengths[i] for i in batch) <= 1024
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert len(batch) <= 8 and padded <= 1024
+        assert len(batch) == 1 or padded <= PADDING_BOUND * sum(lengths[i] for i in batch)
     assert any(len({lengths[i] for i in b}) > 2 for b in batches)  # lengths are mixed
 
 
