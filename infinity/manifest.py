@@ -131,10 +131,6 @@ class Hybrid:
     colbert_dim: int
     unused_ids: list[int] = field(default_factory=list)  # no sparse weight: the tokenizer's cls, eos, pad and unk
 
-    @property
-    def width(self) -> int:
-        return self.hidden_size + 1 + self.colbert_dim
-
 
 @dataclass
 class TaskFacts:
