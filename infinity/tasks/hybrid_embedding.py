@@ -12,7 +12,7 @@ from infinity.manifest import Hybrid, Manifest
 from infinity.schema import Array, Choice, Schema
 from infinity.tasks.base import Parsed, texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.sparse_embedding import SparseEmbedding, SparseVector, selection
+from infinity.tasks.sparse_embedding import SparseEmbedding, SparseVector, selection, sparse_vector
 from infinity.tokenization import Encoded
 
 HEADS = ("dense", "sparse", "colbert")
@@ -61,15 +61,12 @@ class HybridEmbedding(FeatureExtraction):
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output.astype(np.float32)
 
-    def token_vectors(self, output: np.ndarray) -> np.ndarray:
-        return output.astype(np.float32)
-
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """The dense vectors: each text's first token's hidden state (the server pads on the right)."""
         return super().embed(rows[:, 0, :self.layout.hidden_size], normalize, dimensions)
 
     def sparse_answers(self, rows: np.ndarray, encoded: list[Encoded], threshold: float = 0.0,
-               top_k: int | None = None) -> list[SparseVector]:
+                       top_k: int | None = None) -> list[SparseVector]:
         """Each text's token ids with their largest weight, the unused ids (and weights of 0) left out, in id
         order: `threshold` and `top_k` select as on a sparse-embedding server."""
         answers = []
@@ -80,10 +77,7 @@ class HybridEmbedding(FeatureExtraction):
             unique, slots = np.unique(ids[kept], return_inverse=True)
             best = np.zeros(len(unique), dtype=np.float32)
             np.maximum.at(best, slots, weights[kept])
-            if top_k is not None and len(unique) > top_k:
-                chosen = np.sort(np.argpartition(best, len(unique) - top_k)[len(unique) - top_k:])
-                unique, best = unique[chosen], best[chosen]
-            answers.append([{"index": index, "value": value} for index, value in zip(unique.tolist(), best.tolist())])
+            answers.append(sparse_vector(unique, best, top_k))
         return answers
 
     def token_answers(self, rows: np.ndarray, encoded: list[Encoded]) -> list[np.ndarray]:

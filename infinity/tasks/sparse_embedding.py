@@ -21,10 +21,16 @@ def sparse_rows(rows: np.ndarray, threshold: float = 0.0, top_k: int | None = No
     answers = []
     for row in rows:
         kept = np.flatnonzero(row > threshold)
-        if top_k is not None and len(kept) > top_k:
-            kept = np.sort(kept[np.argpartition(row[kept], len(kept) - top_k)[len(kept) - top_k:]])
-        answers.append([{"index": index, "value": value} for index, value in zip(kept.tolist(), row[kept].tolist())])
+        answers.append(sparse_vector(kept, row[kept], top_k))
     return answers
+
+
+def sparse_vector(indices: np.ndarray, values: np.ndarray, top_k: int | None = None) -> SparseVector:
+    """One sparse answer from weights in index order: at most the `top_k` largest, still in index order."""
+    if top_k is not None and len(indices) > top_k:
+        chosen = np.sort(np.argpartition(values, len(indices) - top_k)[len(indices) - top_k:])
+        indices, values = indices[chosen], values[chosen]
+    return [{"index": index, "value": value} for index, value in zip(indices.tolist(), values.tolist())]
 
 
 def selection(vocabulary: int | None) -> dict[str, Schema]:
