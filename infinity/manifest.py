@@ -168,6 +168,9 @@ class Quantization:
         smoothing_alphas: per-token: the strengths each input's smoothing was chosen among (besides none), by
             simulated INT8 error on its calibration rows; empty: smoothing_alpha for every input.
         smoothing_strengths: per-token: how many inputs were smoothed with each alpha ("none": not smoothed).
+        weight_rounding: per-token: "nearest" (each weight to its nearest code) or "compensated" (codes rounded so
+            their errors cancel on the input's calibration rows, GPTQ), with `rounding_damping` x the mean diagonal
+            added to those rows' Gram matrix.
         outliers: per-tensor: the outlier channels split off into float side paths (or why none were).
         latency_ms: in-process ms per shape, "fp32" and "final", measured on `latency_host` at build time with idle
             workers spinning as the server's do by default.
@@ -185,6 +188,8 @@ class Quantization:
     smoothing_alpha: float = 0.5
     smoothing_alphas: list[float] = field(default_factory=list)
     smoothing_strengths: dict[str, int] = field(default_factory=dict)
+    weight_rounding: str = "nearest"
+    rounding_damping: float = 0.0
     calibrated_roles: list[str] = field(default_factory=list)
     batch_invariant: bool = False
     candidates: int = 0

@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if q.calibrated_roles:
             split += (f"; {q.smoothing.get('calibrated_inputs', 0)} inputs ({'/'.join(q.calibrated_roles)}) with "
                       "one calibrated scale, the rest a scale per row")
+        if q.weight_rounding == "compensated":
+            split += (f"; weight codes of {q.smoothing.get('compensated_weights', 0)} MatMuls rounded against their "
+                      f"calibration rows (damping {q.rounding_damping:g})")
         if q.smoothing_strengths:
             split += "; smoothing alpha per input: " + ", ".join(
                 f"{alpha} x{count}" for alpha, count in sorted(q.smoothing_strengths.items()))

@@ -52,14 +52,15 @@ NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x 
 SMOOTHING_ALPHAS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9)
 PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
                                     activations="per_token", calibrated_roles=CALIBRATED_ROLES,
-                                    smoothing_alphas=SMOOTHING_ALPHAS,
+                                    smoothing_alphas=SMOOTHING_ALPHAS, weight_rounding="compensated",
                                     weight_bits_why="8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits")
 PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token",
-                               smoothing_alphas=SMOOTHING_ALPHAS, weight_bits_why=NO_VNNI_WEIGHTS)
+                               smoothing_alphas=SMOOTHING_ALPHAS, weight_bits_why=NO_VNNI_WEIGHTS,
+                               weight_rounding="compensated")
 PER_TOKEN_ON_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True,
                                        activations="per_token", weight_bits_why=VNNI_WEIGHTS,
                                        wide_weights_flags=VNNI_FLAGS, calibrated_roles=CALIBRATED_ROLES,
-                                       smoothing_alphas=SMOOTHING_ALPHAS)
+                                       smoothing_alphas=SMOOTHING_ALPHAS, weight_rounding="compensated")
 # onnxruntime's dynamic INT8 (one scale per padded batch), kept for comparison and for --recipe per-tensor.
 PER_TENSOR_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
                                      activations="per_tensor")

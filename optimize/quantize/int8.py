@@ -134,8 +134,9 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     calibration = calibration_inputs(task)
     nodes = per_token_candidates(src)
     calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
-                           samples=bool(config.smoothing_alphas))
+                           samples=bool(config.smoothing_alphas) or config.weight_rounding == "compensated")
     bounds = calibrated.bounds
+    rows = calibrated.samples if config.weight_rounding == "compensated" else None
     strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
 
     last: list[PerTokenRecord] = []
@@ -149,7 +150,8 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
             strengths[bits, roles] = choose_strengths(src, calibrated, config.smoothing_alphas, bits, frozenset(roles))
         last[:] = [quantize_per_token(src, path, bounds, weight_bits=bits, alpha=config.smoothing_alpha,
                                       exclude=keep, calibrated_roles=frozenset(roles),
-                                      alphas=None if keep else strengths.get((bits, roles)))]
+                                      alphas=None if keep else strengths.get((bits, roles)), samples=rows,
+                                      damping=config.rounding_damping)]
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)

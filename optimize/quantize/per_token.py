@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from optimize.calibrate import Bounds, peaks
 from optimize.onnxio import on_graph_only, save_model
+from optimize.quantize.rounding import Compensation, compensated_codes
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
@@ -51,6 +52,7 @@ class PerTokenRecord:
     smoothing_folded: int = 0  # of those, how many cost no operator
     one_sided: int = 0  # MatMuls reading a GELU output, quantized over [floor, max] with all 255 codes
     calibrated: int = 0  # inputs quantized with one calibrated scale: rows a LayerNorm or an attention bounds
+    compensated: int = 0  # MatMuls whose weight codes were rounded against their input's calibration rows
     strengths: dict[str, int] = field(default_factory=dict)  # how many inputs were smoothed with each alpha
 
     def count_strength(self, alpha: float | None) -> None:
@@ -60,7 +62,7 @@ class PerTokenRecord:
     def to_dict(self) -> dict[str, int]:
         return {"quantized": len(self.quantized), "smoothed_inputs": self.smoothed_inputs,
                 "smoothing_folded_into_weights": self.smoothing_folded, "one_sided_gelu_inputs": self.one_sided,
-                "calibrated_inputs": self.calibrated}
+                "calibrated_inputs": self.calibrated, "compensated_weights": self.compensated}
 
 
 def per_token_candidates(model_path: Path) -> list[str]:
@@ -115,11 +117,13 @@ def input_role(tensor: str, producer: onnx.NodeProto | None) -> str:
 def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, weight_bits: int = 8,
                        alpha: float = 0.5, exclude: list[str] | None = None, activation_bits: int = 8,
                        calibrated_roles: frozenset[str] = frozenset(),
-                       alphas: Mapping[str, float | None] | None = None) -> PerTokenRecord:
+                       alphas: Mapping[str, float | None] | None = None,
+                       samples: Mapping[str, np.ndarray] | None = None, damping: float = 1.0) -> PerTokenRecord:
     """`bounds`: per-channel (min, max) of each candidate node's input from calibration (None: no smoothing).
     `calibrated_roles`: inputs of these roles (see input_role) get one scale and zero point from `bounds` instead
     of a scale per row. `alphas`: the smoothing strength of each input tensor (None: not smoothed), where it is not
-    `alpha`."""
+    `alpha`. `samples`: calibration rows of each input; with them, weight codes are rounded to compensate each
+    other's error on those rows (rounding.compensated_codes, `damping`) rather than each to its nearest code."""
     ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
     graph = model.graph
@@ -178,6 +182,8 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
         if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
                 n.name in bounds for n in nodes):
             calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], divided.get(tensor))
+    codes = _weight_codes(chosen, float_weights, weight_bits, samples or {}, divided, damping)
+    record.compensated = sum(1 for n in chosen if n.input[0] in (samples or {}))
     bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
     new_nodes: list[onnx.NodeProto] = []
     zero_points = _ZeroPoints(graph, new_nodes)
@@ -228,14 +234,12 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
             inverse = inverse_scales.get(tensor, np.ones(float_weights[node.name].shape[0], np.float32))
             shift = GELU_FLOOR * inverse
         if node.op_type == "Attention":
-            codes, scale = quantize_weight(float_weights[node.name], weight_bits)
             _const(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
-            value_bias = _ValueBias(node, consumers, weights, float_weights, inverse_scales.get(node.output[0]),
-                                    weight_bits)
-            new_nodes.extend(_attention(node, quantized, row_scale, codes, scale, biases.get(node.name), graph, mask,
-                                        value_bias, one_scale))
+            value_bias = _ValueBias(node, consumers, weights, codes, inverse_scales.get(node.output[0]))
+            new_nodes.extend(_attention(node, quantized, row_scale, *codes[node.name], biases.get(node.name), graph,
+                                        mask, value_bias, one_scale))
         else:
-            new_nodes.extend(_matmul(node, quantized, row_scale, float_weights[node.name], weight_bits,
+            new_nodes.extend(_matmul(node, quantized, row_scale, codes[node.name],
                                      activation_bits, graph, shift, consumers, weights, one_sided,
                                      bypassed if one_scale else None, zero))
         record.quantized.append(node.name)
@@ -355,6 +359,25 @@ def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
 
 
+def _weight_codes(chosen: list[onnx.NodeProto], float_weights: dict[str, np.ndarray], bits: int,
+                  samples: Mapping[str, np.ndarray], divided: dict[str, np.ndarray],
+                  damping: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each node's (codes, column scales): compensated on its input's calibration rows as the MatMul reads them
+    (smoothed), where there are rows; else each weight's nearest code."""
+    compensations: dict[str, Compensation] = {}
+    codes = {}
+    for node in chosen:
+        tensor = node.input[0]
+        if tensor not in samples:
+            codes[node.name] = quantize_weight(float_weights[node.name], bits)
+            continue
+        if tensor not in compensations:
+            rows = samples[tensor] if tensor not in divided else samples[tensor] * divided[tensor]
+            compensations[tensor] = Compensation.of(rows, damping)
+        codes[node.name] = compensated_codes(float_weights[node.name], compensations[tensor], bits)
+    return codes
+
+
 def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per output column: codes in [-(2^(bits-1) - 1), 2^(bits-1) - 1] and the column scales."""
     limit = 2 ** (bits - 1) - 1
@@ -363,15 +386,15 @@ def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarr
     return codes, scale.astype(np.float32)
 
 
-def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight: np.ndarray,
-            bits: int, activation_bits: int, graph: onnx.GraphProto, shift: np.ndarray | None = None,
+def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: tuple[np.ndarray, np.ndarray],
+            activation_bits: int, graph: onnx.GraphProto, shift: np.ndarray | None = None,
             consumers: dict[str, list[onnx.NodeProto]] | None = None,
             weights: dict[str, onnx.TensorProto] | None = None, one_sided: bool = False,
             bypassed: set[str] | None = None, zero: int | None = None) -> list[onnx.NodeProto]:
     """`bypassed`: given when A's scale is one constant, so the kernel can add the bias; the bias Add taken in is
     added to it."""
     p = node.name
-    codes, scale = quantize_weight(weight, bits)
+    codes, scale = weight_codes
     if zero is None:
         zero = 0 if one_sided else activation_levels(activation_bits)[1]
     _const(graph, f"{p}/a_zero", np.array(zero, np.uint8))
@@ -429,16 +452,15 @@ class _ValueBias:
     uses; `inverse`: 1/s when the projection's input is smoothed by a Mul (b_v meets the smoothed weights)."""
 
     def __init__(self, node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]],
-                 weights: dict[str, onnx.TensorProto], float_weights: dict[str, np.ndarray],
-                 inverse: np.ndarray | None, bits: int) -> None:
+                 weights: dict[str, onnx.TensorProto], codes: dict[str, tuple[np.ndarray, np.ndarray]],
+                 inverse: np.ndarray | None) -> None:
         users = consumers.get(node.output[0], [])
         self.projection = users[0] if len(users) == 1 and users[0].input[0] == node.output[0] else None
         self.weight = None
         if self.projection is not None and _weight(self.projection, weights) is not None:
             name = self.projection.name
-            if name in float_weights:  # as the INT8 MatMul will multiply: the codes times their scales
-                codes, scale = quantize_weight(float_weights[name], bits)
-                self.weight = codes.astype(np.float32) * scale
+            if name in codes:  # as the INT8 MatMul will multiply: the codes times their scales
+                self.weight = codes[name][0].astype(np.float32) * codes[name][1]
             else:  # kept in float
                 self.weight = numpy_helper.to_array(weights[self.projection.input[1]]).astype(np.float32)
         self.consumers, self.weights, self.inverse = consumers, weights, inverse
