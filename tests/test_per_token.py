@@ -9,7 +9,13 @@ from onnx import TensorProto, helper, numpy_helper
 from optimize.calibrate import activation_bounds
 from optimize.quantize.config import QuantizationConfig
 from optimize.quantize.per_tensor import quantize
-from optimize.quantize.per_token import calibrated_scale, per_token_candidates, quantize_per_token, quantize_weight
+from optimize.quantize.per_token import (
+    GELU_ZERO,
+    calibrated_scale,
+    per_token_candidates,
+    quantize_per_token,
+    quantize_weight,
+)
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
 
 
@@ -205,12 +211,13 @@ def test_calibrated_inputs_scale_and_add_the_bias_in_the_kernel_and_rows_stay_ba
         "Attention_0/MatMulInteger_q", "out/MatMul/MatMulInteger", "ffn1/MatMul/MatMulInteger"}
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["Gelu"] == 1 and "BiasGelu" not in ops
-    assert sorted(n.name for n in model.graph.node if n.op_type == "Add") == [
-        "ffn2/AddBias", "g/shifted/Add", "residual"]
-    # one QuantizeLinear per input; only the GELU output finds its rows' peaks (ReduceMax and the step Mul)
-    assert prologue_ops(model) == Counter({"QuantizeLinear": 4, "ReduceMax": 1, "Mul": 1})
-    # the GELU output's codes start at 0, QuantizeLinear's default zero point: none is shaped for it
-    assert [len(n.input) for n in model.graph.node if n.name == "g/q/QuantizeLinear"] == [2]
+    # the GELU output is not shifted: its zero point holds its floor
+    assert sorted(n.name for n in model.graph.node if n.op_type == "Add") == ["ffn2/AddBias", "residual"]
+    # one QuantizeLinear per input; only the GELU output finds its rows' peaks (ReduceMax, the step Mul and the
+    # least step's Max)
+    assert prologue_ops(model) == Counter({"QuantizeLinear": 4, "ReduceMax": 1, "Mul": 1, "Max": 1})
+    quantize = next(n for n in model.graph.node if n.name == "g/q/QuantizeLinear")
+    assert len(quantize.input) == 3 and constants["ffn2/MatMul/a_zero"] == GELU_ZERO
 
     held_out = feeds(5)
     real = held_out["attention_mask"].astype(bool)

@@ -19,9 +19,11 @@ from onnx import numpy_helper
 
 from optimize.calibrate import Bounds, Calibration
 from optimize.quantize.per_token import (
-    GELU_FLOOR,
+    GELU_ZERO,
     activation_levels,
     calibrated_scale,
+    gelu_floor,
+    gelu_step,
     input_role,
     quantize_weight,
     rewritable,
@@ -97,17 +99,15 @@ def simulated_products(rows: np.ndarray, bounds: Bounds, weights: list[np.ndarra
 
 def quantize_rows(rows: np.ndarray, scheme: str, bounds: Bounds, divided: np.ndarray) -> np.ndarray:
     """The smoothed rows (rows * divided) as the graph's prologue quantizes and the kernel dequantizes them:
-    "calibrated" one scale and zero point, "gelu" one-sided per row after the floor's shift, "row" symmetric per
+    "calibrated" one scale and zero point, "gelu" per row with GELU_ZERO codes below zero, "row" symmetric per
     row."""
     smoothed = rows * divided
     if scheme == "calibrated":
         step, zero = calibrated_scale(bounds, divided)
         return (np.clip(np.round(smoothed / step) + zero, 0, 255) - zero) * step
     if scheme == "gelu":
-        shift = GELU_FLOOR * divided
-        shifted = smoothed + shift
-        step = np.maximum(shifted.max(axis=1, keepdims=True), 1e-12) / 255
-        return np.clip(np.round(shifted / step), 0, 255) * step - shift
+        row_step = gelu_step(smoothed.max(axis=1, keepdims=True), gelu_floor(divided))
+        return (np.clip(np.round(smoothed / row_step) + GELU_ZERO, 0, 255) - GELU_ZERO) * row_step
     levels = activation_levels(8)[0]
     step = np.maximum(np.abs(smoothed).max(axis=1, keepdims=True), 1e-12) / levels
     return np.clip(np.round(smoothed / step), -levels, levels) * step
