@@ -20,6 +20,7 @@ from infinity.tokenization import TextTokenizer
 from optimize.calibrate import Feeder, calibrate, calibration_inputs
 from optimize.presets import PRESETS, VNNI_FLAGS
 from optimize.quantize.per_token import per_token_candidates, quantize_per_token
+from optimize.quantize.rounding import CompensatedRounding
 from optimize.quantize.smoothing import choose_strengths
 from tests.servers import running
 
@@ -119,7 +120,8 @@ def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_t
     graph = artifact.parent / "mpnet-fused.onnx"  # what the optimizer quantized
     config = PRESETS["icelake"].quantization
     assert config is not None
-    tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length, manifest.tokenizer.pad_id)
+    tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length,
+                              manifest.tokenizer.pad_id)
     nodes = per_token_candidates(graph)
     calibration = calibrate(graph, nodes, (f for _, f in Feeder(tokenizer).batches(calibration_inputs(TASK))),
                             samples=True)
@@ -127,13 +129,14 @@ def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_t
     strengths = choose_strengths(graph, calibration, config.smoothing_alphas, 8, roles)
     assert None in strengths.values() and len(set(strengths.values())) >= 3  # no one strength fits every input
     worst = {}
-    for name, alphas, rows in (("artifact", None, None), ("nearest codes", strengths, None),
-                               ("one alpha", None, calibration.samples)):
+    rounding = CompensatedRounding(calibration.samples, config.rounding_damping)
+    for name, alphas, compensated in (("artifact", None, None), ("nearest codes", strengths, None),
+                                      ("one alpha", None, rounding)):
         path = artifact / "model.onnx"
         if name != "artifact":
             path = tmp_path / f"{name}.onnx"
             quantize_per_token(graph, path, calibration.bounds, weight_bits=8, alpha=config.smoothing_alpha,
-                               calibrated_roles=roles, alphas=alphas, samples=rows, damping=config.rounding_damping)
+                               calibrated_roles=roles, alphas=alphas, rounding=compensated)
         checked = served_parity(load_candidate(staging, manifest, path), inputs, reference, {"cosine_min": 0.99},
                                 alone=False)
         worst[name] = checked.result.metrics["cosine_min"]

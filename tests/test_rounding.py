@@ -5,7 +5,7 @@ from onnx import numpy_helper
 
 from optimize.calibrate import calibrate
 from optimize.quantize.per_token import quantize_per_token, quantize_weight
-from optimize.quantize.rounding import Compensation, compensated_codes
+from optimize.quantize.rounding import CompensatedRounding, Compensation, compensated_codes
 from tests.test_smoothing import feeds, one_matmul
 
 WIDTH, OUT = 64, 24
@@ -64,7 +64,7 @@ def test_the_graph_multiplies_by_codes_compensated_on_its_smoothed_input(tmp_pat
     weight = one_matmul(path, "row", rng)
     calibration = calibrate(path, ["mm"], [feeds(rng) for _ in range(3)], samples=True)
     record = quantize_per_token(path, tmp_path / "q.onnx", calibration.bounds, weight_bits=8, alphas={"x": 0.5},
-                                samples=calibration.samples, damping=1.0)
+                                rounding=CompensatedRounding(calibration.samples, 1.0))
     plain = quantize_per_token(path, tmp_path / "p.onnx", calibration.bounds, weight_bits=8, alphas={"x": 0.5})
     assert record.compensated == 1 and plain.compensated == 0
     built = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "q.onnx")).graph.initializer}
@@ -74,3 +74,15 @@ def test_the_graph_multiplies_by_codes_compensated_on_its_smoothed_input(tmp_pat
     np.testing.assert_allclose(built["mm/w_scale"], expected[1], rtol=1e-6)
     nearest = quantize_weight(weight / divided[:, None], 8)[0]
     assert (built["mm/w_q"] != nearest).any()
+
+
+def test_a_build_rounds_each_weight_once_for_the_same_input_smoothing_and_bits():
+    rng = np.random.default_rng(6)
+    weight = rng.normal(0, 0.2, (WIDTH, OUT)).astype(np.float32)
+    rounding = CompensatedRounding({"x": correlated_rows(rng, 200)}, 1.0)
+    first = rounding.codes("x", weight, None, 8)
+    assert rounding.codes("x", weight.copy(), None, 8) is first  # the search's next trial
+    smoothed = rounding.codes("x", weight * 2, np.full(WIDTH, 0.5, np.float32), 8)
+    assert smoothed is not first and len(rounding._bases) == 2
+    assert rounding.codes("x", weight, None, 7)[0].max() <= 63 and len(rounding._codes) == 3
+    assert rounding.covers("x") and not rounding.covers("y")

@@ -19,6 +19,7 @@ from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
 from optimize.quantize.outliers import split_outliers
 from optimize.quantize.per_tensor import quantizable_nodes, quantize
 from optimize.quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
+from optimize.quantize.rounding import CompensatedRounding
 from optimize.quantize.search import Evaluate, accuracy_aware_quantize, keep_fewest_float
 from optimize.quantize.smoothing import Strengths, choose_strengths
 
@@ -136,7 +137,8 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
                            samples=bool(config.smoothing_alphas) or config.weight_rounding == "compensated")
     bounds = calibrated.bounds
-    rows = calibrated.samples if config.weight_rounding == "compensated" else None
+    rounding = (CompensatedRounding(calibrated.samples, config.rounding_damping)
+                if config.weight_rounding == "compensated" else None)
     strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
 
     last: list[PerTokenRecord] = []
@@ -150,8 +152,8 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
             strengths[bits, roles] = choose_strengths(src, calibrated, config.smoothing_alphas, bits, frozenset(roles))
         last[:] = [quantize_per_token(src, path, bounds, weight_bits=bits, alpha=config.smoothing_alpha,
                                       exclude=keep, calibrated_roles=frozenset(roles),
-                                      alphas=None if keep else strengths.get((bits, roles)), samples=rows,
-                                      damping=config.rounding_damping)]
+                                      alphas=None if keep else strengths.get((bits, roles)),
+                                      rounding=rounding)]
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)

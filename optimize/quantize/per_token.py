@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from optimize.calibrate import Bounds, peaks
 from optimize.onnxio import on_graph_only, save_model
-from optimize.quantize.rounding import Compensation, compensated_codes
+from optimize.quantize.rounding import CompensatedRounding
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
@@ -123,12 +123,12 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                        alpha: float = 0.5, exclude: list[str] | None = None, activation_bits: int = 8,
                        calibrated_roles: frozenset[str] = frozenset(),
                        alphas: Mapping[str, float | None] | None = None,
-                       samples: Mapping[str, np.ndarray] | None = None, damping: float = 1.0) -> PerTokenRecord:
+                       rounding: CompensatedRounding | None = None) -> PerTokenRecord:
     """`bounds`: per-channel (min, max) of each candidate node's input from calibration (None: no smoothing).
     `calibrated_roles`: inputs of these roles (see input_role) get one scale and zero point from `bounds` instead
     of a scale per row. `alphas`: the smoothing strength of each input tensor (None: not smoothed), where it is not
-    `alpha`. `samples`: calibration rows of each input; with them, weight codes are rounded to compensate each
-    other's error on those rows (rounding.compensated_codes, `damping`) rather than each to its nearest code."""
+    `alpha`. `rounding`: weight codes rounded to compensate each other's error on the inputs' calibration rows,
+    where it has them, rather than each to its nearest code."""
     ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
     graph = model.graph
@@ -187,8 +187,14 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
         if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
                 n.name in bounds for n in nodes):
             calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], divided.get(tensor))
-    codes = _weight_codes(chosen, float_weights, weight_bits, samples or {}, divided, damping)
-    record.compensated = sum(1 for n in chosen if n.input[0] in (samples or {}))
+    codes = {}
+    for node in chosen:
+        tensor, weight = node.input[0], float_weights[node.name]
+        if rounding is not None and rounding.covers(tensor):
+            codes[node.name] = rounding.codes(tensor, weight, divided.get(tensor), weight_bits)
+            record.compensated += 1
+        else:
+            codes[node.name] = quantize_weight(weight, weight_bits)
     bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
     new_nodes: list[onnx.NodeProto] = []
     zero_points = _ZeroPoints(graph, new_nodes)
@@ -370,25 +376,6 @@ def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
 def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     # the converter serializes what it is given: past 2 GiB of weights it would fail
     return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
-
-
-def _weight_codes(chosen: list[onnx.NodeProto], float_weights: dict[str, np.ndarray], bits: int,
-                  samples: Mapping[str, np.ndarray], divided: dict[str, np.ndarray],
-                  damping: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each node's (codes, column scales): compensated on its input's calibration rows as the MatMul reads them
-    (smoothed), where there are rows; else each weight's nearest code."""
-    compensations: dict[str, Compensation] = {}
-    codes = {}
-    for node in chosen:
-        tensor = node.input[0]
-        if tensor not in samples:
-            codes[node.name] = quantize_weight(float_weights[node.name], bits)
-            continue
-        if tensor not in compensations:
-            rows = samples[tensor] if tensor not in divided else samples[tensor] * divided[tensor]
-            compensations[tensor] = Compensation.of(rows, damping)
-        codes[node.name] = compensated_codes(float_weights[node.name], compensations[tensor], bits)
-    return codes
 
 
 def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,8 @@ input span little of it, and undamped codes fit those rows and nothing else.
 """
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,3 +66,34 @@ def compensated_codes(weight: np.ndarray, compensation: Compensation, bits: int)
     restored = np.empty_like(codes)
     restored[order] = codes
     return restored, scale
+
+
+class CompensatedRounding:
+    """Compensated codes for the MatMuls of one build's graphs, from each input's calibration rows. Remembered by
+    what they depend on (the input, its smoothing, the smoothed weight, the bits), so the parity search's trials,
+    which quantize the same nodes again and again, round each weight once."""
+
+    def __init__(self, samples: Mapping[str, np.ndarray], damping: float) -> None:
+        self.samples, self.damping = samples, damping
+        self._bases: dict[tuple[str, bytes], Compensation] = {}
+        self._codes: dict[tuple[str, bytes, bytes, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def covers(self, tensor: str) -> bool:
+        return tensor in self.samples
+
+    def codes(self, tensor: str, weight: np.ndarray, divided: np.ndarray | None,
+              bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """`weight` [in, out] as the MatMul multiplies it, reading `tensor` divided per channel by `divided`."""
+        smoothing = b"" if divided is None else _digest(divided)
+        key = (tensor, smoothing, _digest(weight), bits)
+        if key not in self._codes:
+            basis = self._bases.get((tensor, smoothing))
+            if basis is None:
+                rows = self.samples[tensor] if divided is None else self.samples[tensor] * divided
+                basis = self._bases[tensor, smoothing] = Compensation.of(rows, self.damping)
+            self._codes[key] = compensated_codes(weight, basis, bits)
+        return self._codes[key]
+
+
+def _digest(array: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).digest()
