@@ -89,3 +89,15 @@ def test_tensorrt_profiles_cover_exactly_the_model_inputs_within_max_length():
     options = tensorrt_profiles(["input_ids", "attention_mask"], max_length=256)
     assert options["trt_profile_max_shapes"] == "input_ids:32x256,attention_mask:32x256"
     assert "token_type_ids" not in options["trt_profile_opt_shapes"]
+
+
+def test_per_tensor_keeps_its_own_rounding_and_records_nearest_codes():
+    config = PRESETS["icelake"].quantization
+    assert config is not None and config.compensated
+    per_tensor = dataclasses.replace(config, activations="per_tensor")
+    assert not per_tensor.compensated and per_tensor.record().weight_rounding == "nearest"
+    assert config.record().weight_rounding == "compensated" and config.record().rounding_damping == 1.0
+    with pytest.raises(ValueError, match="rounding_damping"):
+        dataclasses.replace(config, rounding_damping=0.0)
+    with pytest.raises(ValueError, match="weight_rounding"):
+        dataclasses.replace(config, weight_rounding="stochastic")

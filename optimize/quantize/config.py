@@ -41,8 +41,9 @@ class QuantizationConfig:
     # per_token with 8-bit weights: inputs of these roles ("normalized": a LayerNorm's output, "context": an
     # attention's) are tried first with one scale calibrated for all rows, which the MatMul applies in its kernel
     calibrated_roles: tuple[str, ...] = ()
-    # per_token: "compensated" rounds each MatMul's weight codes so their errors cancel on its input's calibration
-    # rows (optimize/quantize/rounding.py), with the rows' Gram matrix damped by rounding_damping x its mean diagonal
+    # per_token ("per_tensor" ignores it): "compensated" rounds each MatMul's weight codes so their errors cancel on
+    # its input's calibration rows (optimize/quantize/rounding.py), with the rows' Gram matrix damped by
+    # rounding_damping x its mean diagonal
     weight_rounding: str = "nearest"
     rounding_damping: float = 1.0
 
@@ -59,14 +60,19 @@ class QuantizationConfig:
             raise ValueError(f"calibrated_roles must be among {CALIBRATED_ROLES}")
         if self.weight_rounding not in WEIGHT_ROUNDINGS:
             raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, not {self.weight_rounding!r}")
-        if self.weight_rounding == "compensated" and (self.activations != "per_token" or self.rounding_damping <= 0):
-            raise ValueError("compensated weight rounding goes with per_token activations and a positive damping")
+        if self.weight_rounding == "compensated" and self.rounding_damping <= 0:
+            raise ValueError("compensated weight rounding needs a positive rounding_damping")
         if not all(0 <= alpha <= 1 for alpha in (self.smoothing_alpha, *self.smoothing_alphas)):
             raise ValueError("smoothing alphas must be between 0 and 1")
 
     @property
     def weight_bits(self) -> int:
         return 7 if self.reduce_range else 8
+
+    @property
+    def compensated(self) -> bool:
+        """Compensated weight rounding: a per-token recipe's (onnxruntime's per-tensor quantizer rounds its own)."""
+        return self.weight_rounding == "compensated" and self.activations == "per_token"
 
     @property
     def batch_invariant(self) -> bool:
@@ -79,8 +85,8 @@ class QuantizationConfig:
             reduce_range=self.reduce_range, weight_bits=self.weight_bits, weight_bits_why=self.weight_bits_why,
             op_types=list(self.op_types), split_outliers=self.split_outliers, smoothing_alpha=self.smoothing_alpha,
             smoothing_alphas=list(self.smoothing_alphas), batch_invariant=self.batch_invariant,
-            weight_rounding=self.weight_rounding,
-            rounding_damping=self.rounding_damping if self.weight_rounding == "compensated" else 0.0)
+            weight_rounding="compensated" if self.compensated else "nearest",
+            rounding_damping=self.rounding_damping if self.compensated else 0.0)
 
 
 VNNI_WIDE_WEIGHTS = ("8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits, and every node quantized within "

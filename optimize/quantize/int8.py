@@ -135,10 +135,10 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     calibration = calibration_inputs(task)
     nodes = per_token_candidates(src)
     calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
-                           samples=bool(config.smoothing_alphas) or config.weight_rounding == "compensated")
+                           samples=bool(config.smoothing_alphas) or config.compensated)
     bounds = calibrated.bounds
     rounding = (CompensatedRounding(calibrated.samples, config.rounding_damping)
-                if config.weight_rounding == "compensated" else None)
+                if config.compensated else None)
     strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
 
     last: list[PerTokenRecord] = []
