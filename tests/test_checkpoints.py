@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -32,13 +33,16 @@ pytestmark = [
 ]
 
 REFERENCES: dict[int, tuple[list, list]] = {}  # the PyTorch inputs and outputs the optimizer computed, by count
+CHOSEN: dict[str, Any] = {}  # the optimizer's calibration and the smoothing strengths it chose
 
 
 @pytest.fixture(scope="module")
 def mpnet(artifacts) -> tuple[Path, Path]:
     """(the source directory, its INT8 artifact as `multiverse optimize DIR --target icelake` builds it); the PyTorch
-    references the optimizer computed and the fused fp32 graph it quantized are kept beside it."""
+    references the optimizer computed, its calibration and strengths, and the fused fp32 graph it quantized are
+    kept."""
     from optimize import pipeline
+    from optimize.quantize import int8
     from tests.models import mpnet_dir
 
     source = mpnet_dir()
@@ -53,10 +57,22 @@ def mpnet(artifacts) -> tuple[Path, Path]:
             shutil.copy(src, fused)
             return quantize(src, *args, **kwargs)
 
+        def calibrated(*args, **kwargs):
+            CHOSEN["calibration"] = calibrate(*args, **kwargs)
+            return CHOSEN["calibration"]
+
+        def chosen(*args, **kwargs):  # the first choice: 8-bit weights, calibrated roles, as the test builds
+            strengths = choose(*args, **kwargs)
+            CHOSEN.setdefault("strengths", strengths)
+            return strengths
+
         reference, quantize = pipeline.torch_reference, pipeline.quantize_int8
+        calibrate, choose = int8.calibrate, int8.choose_strengths
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(pipeline, "torch_reference", remembered)
             patch.setattr(pipeline, "quantize_int8", quantized)
+            patch.setattr(int8, "calibrate", calibrated)
+            patch.setattr(int8, "choose_strengths", chosen)
             pipeline.optimize(pipeline.OptimizeOptions(model=str(source), task=TASK, out=out, target="icelake"),
                               log=lambda _: None)
     return source, out
@@ -120,13 +136,15 @@ def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_t
     graph = artifact.parent / "mpnet-fused.onnx"  # what the optimizer quantized
     config = PRESETS["icelake"].quantization
     assert config is not None
-    tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length,
-                              manifest.tokenizer.pad_id)
-    nodes = per_token_candidates(graph)
-    calibration = calibrate(graph, nodes, (f for _, f in Feeder(tokenizer).batches(calibration_inputs(TASK))),
-                            samples=True)
     roles = frozenset(config.calibrated_roles)
-    strengths = choose_strengths(graph, calibration, config.smoothing_alphas, 8, roles)
+    if "strengths" in CHOSEN:
+        calibration, strengths = CHOSEN["calibration"], CHOSEN["strengths"]
+    else:  # an artifact kept from an earlier run
+        tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length,
+                                  manifest.tokenizer.pad_id)
+        calibration = calibrate(graph, per_token_candidates(graph),
+                                (f for _, f in Feeder(tokenizer).batches(calibration_inputs(TASK))), samples=True)
+        strengths = choose_strengths(graph, calibration, config.smoothing_alphas, 8, roles)
     assert None in strengths.values() and len(set(strengths.values())) >= 3  # no one strength fits every input
     worst = {}
     rounding = CompensatedRounding(calibration.samples, config.rounding_damping)
