@@ -75,7 +75,8 @@ class CompensatedRounding:
 
     def __init__(self, samples: Mapping[str, np.ndarray], damping: float) -> None:
         self.samples, self.damping = samples, damping
-        self._bases: dict[tuple[str, bytes], Compensation] = {}
+        # the last input's basis only (Q, K and V read one input in a row): a 4096-wide input's is 64 MB
+        self._basis: tuple[tuple[str, bytes], Compensation] | None = None
         self._codes: dict[tuple[str, bytes, bytes, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def covers(self, tensor: str) -> bool:
@@ -87,11 +88,10 @@ class CompensatedRounding:
         smoothing = b"" if divided is None else _digest(divided)
         key = (tensor, smoothing, _digest(weight), bits)
         if key not in self._codes:
-            basis = self._bases.get((tensor, smoothing))
-            if basis is None:
+            if self._basis is None or self._basis[0] != (tensor, smoothing):
                 rows = self.samples[tensor] if divided is None else self.samples[tensor] * divided
-                basis = self._bases[tensor, smoothing] = Compensation.of(rows, self.damping)
-            self._codes[key] = compensated_codes(weight, basis, bits)
+                self._basis = (tensor, smoothing), Compensation.of(rows, self.damping)
+            self._codes[key] = compensated_codes(weight, self._basis[1], bits)
         return self._codes[key]
 
 
