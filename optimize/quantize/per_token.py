@@ -55,7 +55,7 @@ class PerTokenRecord:
     quantized: list[str] = field(default_factory=list)
     smoothed_inputs: int = 0
     smoothing_folded: int = 0  # of those, how many cost no operator
-    one_sided: int = 0  # MatMuls reading a GELU output, quantized over [floor, max] with all 255 codes
+    one_sided: int = 0  # MatMuls reading a GELU output, with GELU_ZERO of its codes below zero
     calibrated: int = 0  # inputs quantized with one calibrated scale: rows a LayerNorm or an attention bounds
     compensated: int = 0  # MatMuls whose weight codes were rounded against their input's calibration rows
     strengths: dict[str, int] = field(default_factory=dict)  # how many inputs were smoothed with each alpha
@@ -231,7 +231,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                     name=f"{tensor}/q/QuantizeLinear"))
                 record.calibrated += 1
             else:
-                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks and zero else None
+                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
                 floor = gelu_floor(inverse_scales.get(tensor)) if one_sided else None
                 new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph,
                                            activation_bits, floor))
@@ -293,13 +293,10 @@ def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, ze
     lowest value) as gelu_step says, without Abs. Three passes over x (Abs, ReduceMax, QuantizeLinear), where
     DynamicQuantizeLinear makes two. An all-zero row needs no guard: its scale 0 makes codes QuantizeLinear
     saturates, and the MatMul multiplies their integer products by that 0.
-    `zero_point`: the shared zero-point tensor of x's rank, or None to shape one from this row scale; none at all
-    for zero 0 (QuantizeLinear's default, u8)."""
+    `zero_point`: the shared zero-point tensor of x's rank, or None to shape one from this row scale."""
     p = quantized
     shaped = []
-    if zero == 0:
-        zero_point = ""
-    elif zero_point is None:
+    if zero_point is None:
         zero_point = f"{p}/zero_point"
         shaped = [helper.make_node("Shape", [row_scale], [f"{p}/scale_shape"], name=f"{p}/Shape"),
                   helper.make_node("Expand", [_const(graph, f"{p}/zero", np.array(zero, np.uint8)),
@@ -320,7 +317,7 @@ def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, ze
         helper.make_node("Mul", [f"{p}/peak", f"{p}/step"], [scaled], name=f"{p}/RowScale"),
         *least,
         *shaped,
-        helper.make_node("QuantizeLinear", [x, row_scale, *([zero_point] if zero_point else [])], [quantized],
+        helper.make_node("QuantizeLinear", [x, row_scale, zero_point], [quantized],
                          name=f"{p}/QuantizeLinear", axis=-1, block_size=width),
     ]
 
