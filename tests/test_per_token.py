@@ -14,8 +14,8 @@ from optimize.quantize.per_token import (
     calibrated_scale,
     per_token_candidates,
     quantize_per_token,
-    quantize_weight,
 )
+from optimize.quantize.rounding import quantize_weight
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
 
 

@@ -4,8 +4,8 @@ import onnx
 from onnx import numpy_helper
 
 from optimize.calibrate import calibrate
-from optimize.quantize.per_token import quantize_per_token, quantize_weight
-from optimize.quantize.rounding import CompensatedRounding, Compensation, compensated_codes
+from optimize.quantize.per_token import quantize_per_token
+from optimize.quantize.rounding import CompensatedRounding, Compensation, compensated_codes, quantize_weight
 from tests.test_smoothing import feeds, one_matmul
 
 WIDTH, OUT = 64, 24

@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from optimize.calibrate import Bounds, peaks
 from optimize.onnxio import on_graph_only, save_model
-from optimize.quantize.rounding import CompensatedRounding
+from optimize.quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
@@ -373,14 +373,6 @@ def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
 def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     # the converter serializes what it is given: past 2 GiB of weights it would fail
     return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
-
-
-def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per output column: codes in [-(2^(bits-1) - 1), 2^(bits-1) - 1] and the column scales."""
-    limit = 2 ** (bits - 1) - 1
-    scale = np.maximum(np.abs(weight).max(axis=0), 1e-12) / limit
-    codes = np.clip(np.round(weight / scale), -limit, limit).astype(np.int8)
-    return codes, scale.astype(np.float32)
 
 
 def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: tuple[np.ndarray, np.ndarray],

@@ -44,11 +44,23 @@ class Compensation:
         return cls(order, np.ascontiguousarray(inverse[::-1, ::-1]))
 
 
+def column_scales(weight: np.ndarray, bits: int) -> np.ndarray:
+    """Symmetric per output column of `weight` [in, out]: its largest magnitude is code 2^(bits-1) - 1."""
+    return (np.maximum(np.abs(weight).max(axis=0), 1e-12) / (2 ** (bits - 1) - 1)).astype(np.float32)
+
+
+def quantize_weight(weight: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, column scales): each weight's nearest code in [-(2^(bits-1) - 1), 2^(bits-1) - 1]."""
+    limit = 2 ** (bits - 1) - 1
+    scale = column_scales(weight, bits)
+    return np.clip(np.round(weight / scale), -limit, limit).astype(np.int8), scale
+
+
 def compensated_codes(weight: np.ndarray, compensation: Compensation, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, column scales) of `weight` [in, out] as quantize_weight makes them, each channel's rounding error
+    """(codes, column scales) of `weight` [in, out] with quantize_weight's scales, each channel's rounding error
     spread over the channels after it."""
     limit = 2 ** (bits - 1) - 1
-    scale = (np.maximum(np.abs(weight).max(axis=0), 1e-12) / limit).astype(np.float32)
+    scale = column_scales(weight, bits)
     order, upper = compensation.order, compensation.upper
     width = weight.shape[0]
     left = weight.astype(np.float32)[order]

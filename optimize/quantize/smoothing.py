@@ -25,10 +25,10 @@ from optimize.quantize.per_token import (
     gelu_floor,
     gelu_step,
     input_role,
-    quantize_weight,
     rewritable,
     smoothing_scales,
 )
+from optimize.quantize.rounding import quantize_weight
 
 Strengths = dict[str, float | None]  # input tensor -> alpha, None: not smoothed
 
