@@ -34,6 +34,14 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+def until(condition: Callable[[], bool]) -> None:
+    """Waits for `condition` to hold, up to WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
 def wait_until_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
     """Until `url` answers 200; fails with the server's log if it exits first."""
     deadline = time.monotonic() + WAIT

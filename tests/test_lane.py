@@ -7,7 +7,7 @@ import asyncio
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
 from infinity.model import LoadedModel
 from infinity.settings import Settings
-from tests.servers import WAIT, Reader, Server, running
+from tests.servers import WAIT, Reader, Server, running, until
 
 LONG = " ".join(["a long sentence that fills the model's whole context window"] * 40)
 
@@ -55,13 +55,6 @@ def metric(server: Server, name: str) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
     return sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines() if row.startswith(name + " ")
                or row.startswith(name + "{"))
-
-
-def until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import tritonclient.http as triton
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import ROOT, WAIT, free_port, running, wait_until_ready
+from tests.servers import ROOT, WAIT, free_port, running, until, wait_until_ready
 
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue rose four percent."]
 VERTEX_PREDICT = "/v1/endpoints/123/deployedModels/456:predict"
@@ -377,11 +377,14 @@ def test_a_request_past_request_timeout_is_answered_504(minilm_fp32_artifact: Pa
 
 
 class Collector(ThreadingHTTPServer):
-    """An OTLP/HTTP receiver: keeps every span posted to /v1/traces."""
+    """An OTLP/HTTP receiver: keeps every span posted to /v1/traces, and the headers of each post; answers the
+    first `busy` posts 503."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy: int = 0) -> None:
         super().__init__(("127.0.0.1", 0), CollectorHandler)
         self.spans: list[Any] = []
+        self.posts: list[dict[str, str]] = []
+        self.busy = busy
 
     @property
     def url(self) -> str:
@@ -394,7 +397,17 @@ class CollectorHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-        request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.server.posts.append({name.lower(): value for name, value in self.headers.items()})
+        if len(self.server.posts) <= self.server.busy:
+            self.send_response(503)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportTraceServiceRequest.FromString(body)
+        self.server.resources = [resource.resource for resource in request.resource_spans]
         self.server.spans += [span for resource in request.resource_spans for scope in resource.scope_spans
                               for span in scope.spans]
         self.send_response(200 if self.path == "/v1/traces" else 404)
@@ -447,6 +460,55 @@ def test_a_request_becomes_a_span_with_its_stages_under_the_callers_trace(minilm
     assert abs((inference.end_time_unix_nano - inference.start_time_unix_nano) / 1e6
                - float(answer.headers["x-inference-time"])) < 0.001
     assert all(span.trace_id.hex() == trace_id for span in children)
+    assert ("service.name", "infinity") in {(a.key, a.value.string_value) for a in collector.resources[0].attributes}
+
+
+MEASURED = {"compute_ms": 3.0, "tokenization_ms": 0.25, "queue_ms": 0.5, "inference_ms": 2.0}
+
+
+def test_the_sampler_resource_and_exporter_variables_are_those_of_any_opentelemetry_sdk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infinity.tracing import Tracing
+
+    sampled, unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", \
+        "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    collector = Collector(busy=1)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        for name, value in {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0",
+                            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=t1,authorization=Bearer%20k",
+                            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_BSP_SCHEDULE_DELAY": "10",
+                            "OTEL_SERVICE_NAME": "embedder"}.items():
+            monkeypatch.setenv(name, value)
+        tracing = Tracing(collector.url)
+        for traceparent in (sampled, unsampled, None):  # ratio 0: only the caller's sampled trace is kept
+            tracing.finish(tracing.start("POST", "/embed", traceparent, "vendor=x"), 200, MEASURED)
+        until(lambda: collector.spans)
+        tracing.close()
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    busy, taken = collector.posts  # the 503 is retried
+    assert taken["content-encoding"] == "gzip" and taken["x-tenant"] == "t1"
+    assert taken["authorization"] == "Bearer k" and taken["content-type"] == "application/x-protobuf"
+    assert {span.trace_id.hex() for span in collector.spans} == {"4bf92f3577b34da6a3ce929d0e0e4736"}
+    assert len(collector.spans) == 5 and {span.trace_state for span in collector.spans} == {"vendor=x"}
+    (resource,) = collector.resources
+    assert ("service.name", "embedder") in {(a.key, a.value.string_value) for a in resource.attributes}
+
+
+def test_an_absent_collector_costs_the_requests_nothing_and_stops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infinity.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    tracing = Tracing(f"http://127.0.0.1:{free_port()}")
+    for _ in range(3):
+        tracing.finish(tracing.start("POST", "/embed", None, None), 200, MEASURED)
+    until(lambda: not tracing.noted)  # taken by the export thread, which retries
+    started = time.monotonic()
+    tracing.close()
+    assert time.monotonic() - started < 2  # the retries end as the server stops (the timeout is 10 s)
+    assert not tracing.worker.is_alive()
 
 
 def test_with_tracing_off_no_span_is_made_and_opentelemetry_is_never_imported() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +22,7 @@ from infinity.app import LastResort, create_app
 from infinity.core import Core
 from infinity.model import LoadedModel
 from infinity.settings import Settings
+from tests.servers import until
 
 WAIT = 60.0  # a hang guard, never a performance expectation
 
@@ -80,13 +81,6 @@ def gauge(client: TestClient, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
-
-
-def until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.01)
 
 
 def assert_error(response: httpx.Response, status: int, error_type: str) -> dict[str, str]:
