@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -40,11 +39,6 @@ class ArtifactCache:
         if name == "minilm":
             return minilm_dir()
         path = self.root / "sources" / name
-        path.parent.mkdir(exist_ok=True)
-        with FileLock(f"{path}.lock"):  # pytest-xdist's workers share the cache
-            return self._source(name, path)
-
-    def _source(self, name: str, path: Path) -> Path:
         if not (path / "config.json").is_file():
             shutil.rmtree(path, ignore_errors=True)
             if name == "distilbert-tiny":
@@ -71,22 +65,17 @@ class ArtifactCache:
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
                           "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
-        with FileLock(f"{path}.lock"):
-            if not (path / "manifest.json").is_file():
-                optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
-                                         precision=precision, reranker_template=RERANKERS.get(model)),
-                         log=lambda _: None)
+        if not (path / "manifest.json").is_file():
+            optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
+                                     precision=precision, reranker_template=RERANKERS.get(model)),
+                     log=lambda _: None)
         return path
 
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
     keep = os.environ.get("INFINITY_TEST_ARTIFACTS")
-    if keep:
-        return ArtifactCache(Path(keep))
-    run = tmp_path_factory.getbasetemp()
-    # under pytest-xdist each worker's temporary root sits in the run's: the workers build each artifact once
-    return ArtifactCache((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "artifacts")
+    return ArtifactCache(Path(keep) if keep else tmp_path_factory.mktemp("artifacts"))
 
 
 @pytest.fixture(scope="session")
