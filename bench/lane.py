@@ -5,7 +5,7 @@
 
 `paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
 protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
-`options`: `infinity serve` with JSON logs, OTLP traces (to a collector in this process that takes every export)
+`options`: `infinity serve` with JSON logs, OTLP traces (to a collector process that takes every export)
 and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("off"). Per round and concurrency
 (one 9-token text per request, keep-alive clients), the servers take turns; the report gives median req/s and p99
 per server, and each server's ratio to the last one ("usual", "off") per round.
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
+import subprocess
 import sys
-import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -39,19 +41,35 @@ def start(artifact: Path, threads: int, lane: bool, *options: str) -> Server:
     return server
 
 
-class Collector(ThreadingHTTPServer):
-    """An OTLP/HTTP endpoint that takes every export, as a collector beside the server would."""
+class Collector:
+    """An OTLP/HTTP endpoint that takes every export, in a process of its own, as a collector beside the server
+    would be (in this one it would take the load generator's time)."""
 
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Accept)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.port = free_port()
+        self.process = subprocess.Popen([sys.executable, "-c", f"import bench.lane; bench.lane.collect({self.port})"])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
 
 
 class Accept(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as collectors answer
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(200)
@@ -60,6 +78,10 @@ class Accept(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+def collect(port: int) -> None:
+    ThreadingHTTPServer(("127.0.0.1", port), Accept).serve_forever()
 
 
 def servers_for(compare: str, artifact: Path, threads: int, collector: Collector) -> dict[str, Server]:
@@ -105,7 +127,7 @@ def main() -> int:
     finally:
         for server in servers.values():
             server.stop()
-        collector.shutdown()
+        collector.stop()
 
     def median(name: str, concurrency: int, field: str) -> float:
         return statistics.median(row[field] for row in rows[(name, concurrency)])

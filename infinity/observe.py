@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity.logs import request_log, timings
+from infinity.logs import request_line, timings
 from infinity.settings import Settings
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class Observers:
         if self.log_requests:
             fields = {"request_id": seen.request_id, "method": seen.method, "route": seen.path, "status": status,
                       **measured, "total_ms": round((time.perf_counter() - seen.started) * 1000, 3)}
-            request_log.info("%s %s %d", seen.method, seen.path, status, extra=fields)
+            request_line(f"{seen.method} {seen.path} {status}", fields)
 
 
 class Observed:
