@@ -22,6 +22,7 @@ from infinity.manifest import (
     sha256_file,
     write_atomically,
 )
+from infinity.model import artifact_tokenizer
 from infinity.tokenization import TextInput, TextTokenizer
 from optimize import package
 from optimize.calibrate import Feeder, calibration_inputs
@@ -154,9 +155,11 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
         parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
                       passed=False))
 
+    candidates_tokenizer = artifact_tokenizer(staging, draft)  # one for every graph the search tries
+
     def served(path: Path, inputs: list[TextInput], expected: Outputs, alone: bool = True) -> ServedParity:
-        return served_parity(load_candidate(staging, draft, path, options.threads), inputs, expected, thresholds,
-                             alone=alone)
+        return served_parity(load_candidate(staging, draft, path, options.threads, candidates_tokenizer), inputs,
+                             expected, thresholds, alone=alone)
 
     # a per-token graph answers alike alone and batched (validate checks it): its trials run batched only
     invariant = precision == "int8" and preset.quantization is not None and preset.quantization.batch_invariant and (

@@ -131,6 +131,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     where it has them, rather than each to its nearest code."""
     ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
+    inferred_ranks = _ranks_of(src, model)
     graph = model.graph
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     weights = {init.name: init for init in graph.initializer}
@@ -201,7 +202,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
     # shared zero points take [batch, sequence] from the first input's leading dims
     leading = len(graph.input[0].type.tensor_type.shape.dim)
-    ranks = {name: rank for name, rank in activation_ranks(model).items() if 1 < rank <= leading + 1}
+    ranks = {name: rank for name, rank in inferred_ranks.items() if 1 < rank <= leading + 1}
     prologue_done: set[str] = set()
     for node in graph.node:
         if node.name in bypassed:
@@ -345,6 +346,21 @@ class _ZeroPoints:
             ]
             self.made[key] = name
         return self.made[key]
+
+
+_RANKS: dict[tuple[str, int, int], dict[str, int]] = {}
+
+
+def _ranks_of(src: Path, model: onnx.ModelProto) -> dict[str, int]:
+    """activation_ranks of the graph file `src` (as loaded into `model`), inferred once per version of the file:
+    the parity search quantizes the same graph trial after trial."""
+    stat = src.stat()
+    key = (str(src.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _RANKS:
+        if len(_RANKS) >= 4:
+            _RANKS.clear()
+        _RANKS[key] = activation_ranks(model)
+    return _RANKS[key]
 
 
 def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:

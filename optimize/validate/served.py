@@ -25,7 +25,7 @@ from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
-from infinity.tokenization import Encoded, TextInput
+from infinity.tokenization import Encoded, TextInput, TextTokenizer
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
 from optimize.validate.reference import HybridAnswer, ranking_group_sizes
@@ -48,9 +48,11 @@ class ServedOutputs:
     batch_rows: int   # the largest batch it ran in
 
 
-def load_candidate(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0) -> LoadedModel:
-    """The server's LoadedModel for a graph not packaged yet, with the artifact's tokenizer and task facts.
-    The graph is linked (or copied) into `directory` as CANDIDATE: an artifact names only files inside itself."""
+def load_candidate(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0,
+                   tokenizer: TextTokenizer | None = None) -> LoadedModel:
+    """The server's LoadedModel for a graph not packaged yet, with the artifact's tokenizer (`tokenizer`, when
+    it is loaded already) and task facts. The graph is linked (or copied) into `directory` as CANDIDATE: an
+    artifact names only files inside itself."""
     candidate = directory / CANDIDATE
     candidate.unlink(missing_ok=True)
     _link(model_path, candidate)
@@ -60,7 +62,7 @@ def load_candidate(directory: Path, manifest: Manifest, model_path: Path, thread
     for path in weights:
         _link(model_path.parent / path.name, path)
     manifest = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model, file=CANDIDATE))
-    tokenizer = artifact_tokenizer(directory, manifest)
+    tokenizer = tokenizer or artifact_tokenizer(directory, manifest)
     engine = Engine(directory, manifest, threads=threads or None, providers=["CPUExecutionProvider"],
                     spin_wait=False)
     candidate.unlink()  # the session holds the graph in memory
