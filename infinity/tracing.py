@@ -56,6 +56,16 @@ def stages(measured: dict[str, float], answered_ns: int) -> list[tuple[str, int,
             ("post-processing", inference, answered_ns)]
 
 
+def whole(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A variable that must be a whole number, or `default` where it is unset or empty."""
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise StartupError(f"{name}={value} is not a whole number")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Destination:
     """Where and how batches are posted, from OTLP/HTTP's variables (the traces-specific one first); the timeout
@@ -131,9 +141,9 @@ class Tracing:
         self.scope = InstrumentationScope(name="infinity")
         self.sampler = TracerProvider(resource=resource, shutdown_on_exit=False).sampler
         self.propagator = TraceContextTextMapPropagator()
-        self.delay = int(environ.get("OTEL_BSP_SCHEDULE_DELAY") or 5000) / 1000
-        self.batch = max(1, int(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 512) // SPANS_PER_REQUEST)
-        self.limit = max(1, int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048) // SPANS_PER_REQUEST)
+        self.delay = whole(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.batch = max(1, whole(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512) // SPANS_PER_REQUEST)
+        self.limit = max(1, whole(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048) // SPANS_PER_REQUEST)
         self.enabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
         self.noted: deque[Noted] = deque()
         self.described: dict[tuple[str, str, int], tuple[str, dict[str, str], list[Any]]] = {}

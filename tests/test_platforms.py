@@ -511,6 +511,15 @@ def test_an_absent_collector_costs_the_requests_nothing_and_stops_nothing(monkey
     assert not tracing.worker.is_alive()
 
 
+def test_a_variable_that_is_not_a_number_stops_the_start_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infinity.preflight import StartupError
+    from infinity.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "5s")
+    with pytest.raises(StartupError, match="OTEL_BSP_SCHEDULE_DELAY=5s is not a whole number"):
+        Tracing("http://127.0.0.1:4318")
+
+
 def test_with_tracing_off_no_span_is_made_and_opentelemetry_is_never_imported() -> None:
     from infinity.observe import Observers
     from infinity.settings import Settings
