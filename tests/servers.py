@@ -34,6 +34,13 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+def metric(server: Server, name: str) -> float:
+    """The sum of a metric's samples on the server's /metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
+    return sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines()
+               if row.startswith(name + " ") or row.startswith(name + "{"))
+
+
 def until(condition: Callable[[], bool]) -> None:
     """Waits for `condition` to hold, up to WAIT seconds."""
     deadline = time.monotonic() + WAIT

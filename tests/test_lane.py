@@ -25,7 +25,7 @@ from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
 from infinity.model import LoadedModel
 from infinity.settings import Settings
-from tests.servers import WAIT, Reader, Server, running, until
+from tests.servers import WAIT, Reader, Server, metric, running, until
 
 LONG = " ".join(["a long sentence that fills the model's whole context window"] * 40)
 
@@ -49,12 +49,6 @@ def value(head: bytes, name: bytes) -> bytes:
 
 def connect(server: Server) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=WAIT)
-
-
-def metric(server: Server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=WAIT).text
-    return sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines() if row.startswith(name + " ")
-               or row.startswith(name + "{"))
 
 
 @pytest.fixture(scope="module")
