@@ -1,7 +1,7 @@
 """Two servers on the same artifact and cores, in the same run.
 
     python -m bench.lane <artifact dir> [--compare paths|options] [--concurrency 1 16 64] [--rounds 8]
-                         [--seconds 2] [--threads 2]
+                         [--seconds 2] [--threads 2] [--serve-args "--no-spin-wait ..."]
 
 `paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
 protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -32,11 +34,11 @@ WITHOUT_LANE = ("import sys, infinity.http.server as server; server.lane_protoco
 CONCURRENCY = (1, 16, 64)
 
 
-def start(artifact: Path, threads: int, lane: bool, *options: str) -> Server:
+def start(artifact: Path, threads: int, lane: bool, *options: str, common: Sequence[str] = ()) -> Server:
     port = free_port()
     entry = ["-m", "infinity"] if lane else ["-c", WITHOUT_LANE]
     server = Server([sys.executable, *entry, "serve", str(artifact), "--port", str(port), "--threads", str(threads),
-                     *options], port)
+                     *common, *options], port)
     server.wait_ready()
     return server
 
@@ -84,14 +86,15 @@ def collect(port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Accept).serve_forever()
 
 
-def servers_for(compare: str, artifact: Path, threads: int, collector: Collector) -> dict[str, Server]:
+def servers_for(compare: str, artifact: Path, threads: int, collector: Collector,
+                common: Sequence[str]) -> dict[str, Server]:
     if compare == "paths":
-        return {"lane": start(artifact, threads, True, "--api-key", KEY),
-                "usual": start(artifact, threads, False, "--api-key", KEY)}
+        return {"lane": start(artifact, threads, True, "--api-key", KEY, common=common),
+                "usual": start(artifact, threads, False, "--api-key", KEY, common=common)}
     options = {"json": ("--json-logs",), "otlp": ("--otlp-endpoint", collector.url), "key": ("--api-key", KEY)}
-    return {"on": start(artifact, threads, True, *(arg for each in options.values() for arg in each)),
-            **{name: start(artifact, threads, True, *each) for name, each in options.items()},
-            "off": start(artifact, threads, True)}
+    return {"on": start(artifact, threads, True, *(arg for each in options.values() for arg in each), common=common),
+            **{name: start(artifact, threads, True, *each, common=common) for name, each in options.items()},
+            "off": start(artifact, threads, True, common=common)}
 
 
 def measure(port: int, concurrency: int, seconds: float) -> dict:
@@ -110,9 +113,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--serve-args", default="", help="more `infinity serve` arguments, for every server")
     args = parser.parse_args()
     collector = Collector()
-    servers = servers_for(args.compare, args.artifact, args.threads, collector)
+    servers = servers_for(args.compare, args.artifact, args.threads, collector, shlex.split(args.serve_args))
     *others, baseline = servers
     levels = args.concurrency
     try:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import jsonschema
@@ -377,14 +378,18 @@ def test_a_request_past_request_timeout_is_answered_504(minilm_fp32_artifact: Pa
 
 
 class Collector(ThreadingHTTPServer):
-    """An OTLP/HTTP receiver: keeps every span posted to /v1/traces, and the headers of each post; answers the
-    first `busy` posts 503."""
+    """An OTLP/HTTP receiver: keeps every span posted to /v1/traces, and the target and headers of each post;
+    answers the first `busy` posts 503. With `keep_alive`, a connection is kept for that many posts, then closed
+    without a word, as a collector closes an idle one."""
 
-    def __init__(self, busy: int = 0) -> None:
+    def __init__(self, busy: int = 0, keep_alive: int = 0) -> None:
         super().__init__(("127.0.0.1", 0), CollectorHandler)
         self.spans: list[Any] = []
         self.posts: list[dict[str, str]] = []
+        self.targets: list[str] = []
         self.busy = busy
+        self.keep_alive = keep_alive
+        self.connections = 0
 
     @property
     def url(self) -> str:
@@ -394,11 +399,22 @@ class Collector(ThreadingHTTPServer):
 class CollectorHandler(BaseHTTPRequestHandler):
     server: Collector
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+        self.kept = 0
+        if self.server.keep_alive:
+            self.protocol_version = "HTTP/1.1"
+
     def do_POST(self) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
         body = self.rfile.read(int(self.headers["content-length"]))
         self.server.posts.append({name.lower(): value for name, value in self.headers.items()})
+        self.server.targets.append(self.path)
+        self.kept += 1
+        if self.server.keep_alive and self.kept >= self.server.keep_alive:
+            self.close_connection = True  # after this answer, which does not say so
         if len(self.server.posts) <= self.server.busy:
             self.send_response(503)
             self.send_header("content-length", "0")
@@ -410,7 +426,7 @@ class CollectorHandler(BaseHTTPRequestHandler):
         self.server.resources = [resource.resource for resource in request.resource_spans]
         self.server.spans += [span for resource in request.resource_spans for scope in resource.scope_spans
                               for span in scope.spans]
-        self.send_response(200 if self.path == "/v1/traces" else 404)
+        self.send_response(200 if urlsplit(self.path).path == "/v1/traces" else 404)
         self.send_header("content-length", "0")
         self.end_headers()
 
@@ -495,6 +511,46 @@ def test_the_sampler_resource_and_exporter_variables_are_those_of_any_openteleme
     assert len(collector.spans) == 5 and {span.trace_state for span in collector.spans} == {"vendor=x"}
     (resource,) = collector.resources
     assert ("service.name", "embedder") in {(a.key, a.value.string_value) for a in resource.attributes}
+
+
+def test_batches_share_a_connection_and_one_the_collector_closed_is_opened_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infinity.tracing import Tracing
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.45")  # no time to retry: a closed one is replaced at once
+    collector = Collector(keep_alive=2)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        tracing = Tracing(collector.url)
+        for _ in range(3):  # a batch each; the third finds its connection closed
+            tracing.finish(tracing.start("POST", "/embed", None, None), 200, MEASURED)
+            until(lambda: not tracing.noted)  # taken: the next is a batch of its own
+        tracing.close()
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    assert collector.connections == 2 and len(collector.spans) == 15
+
+
+def test_a_proxy_that_the_usual_variables_name_carries_the_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infinity.tracing import Tracing
+
+    proxy = Collector()  # answers as the collector behind it would
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    for name in ("HTTP_PROXY", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", proxy.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    try:
+        tracing = Tracing("http://collector.invalid:4318")
+        tracing.finish(tracing.start("POST", "/embed", None, None), 200, MEASURED)
+        until(lambda: proxy.spans)
+        tracing.close()
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert proxy.targets == ["http://collector.invalid:4318/v1/traces"] and len(proxy.spans) == 5
 
 
 def test_an_absent_collector_costs_the_requests_nothing_and_stops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
