@@ -366,14 +366,28 @@ def _ranks_of(src: Path, model: onnx.ModelProto) -> dict[str, int]:
 def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
     """Rank of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators); {} where it
     cannot run, and each prologue then shapes its own zero point."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     try:
-        inferred = on_graph_only(model, lambda graph: SymbolicShapeInference.infer_shapes(graph, auto_merge=True))
+        inferred = on_graph_only(model, _shapes_inferred)
     except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
         return {}
     return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
             if v.type.tensor_type.HasField("shape")}
+
+
+def _shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Symbolic shape inference on a copy whose held-aside weights are typed graph inputs: the tool reads the data
+    of every initializer it is given, and a weight's shape is all it needs."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    aside = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    kept = [t for t in copy.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in aside)
+    inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
+    return inferred
 
 
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
