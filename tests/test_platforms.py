@@ -482,6 +482,40 @@ def test_a_request_becomes_a_span_with_its_stages_under_the_callers_trace(minilm
 MEASURED = {"compute_ms": 3.0, "tokenization_ms": 0.25, "queue_ms": 0.5, "inference_ms": 2.0}
 
 
+def test_spans_written_as_wire_bytes_read_back_as_the_messages_opentelemetry_defines() -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+    from infinity.tracing import Tracing
+
+    tracing = Tracing("http://127.0.0.1:9")
+    tracing.close()
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    path = "/" + "x" * 200  # a name longer than one byte can count
+    taken = [(("POST", path, caller, "vendor=x", 1_000), 503, MEASURED, 9_000_000),
+             (("POST", "/embed", None, None, 2_000), 200, {}, 3_000)]
+    request = ExportTraceServiceRequest.FromString(tracing.encode(taken))
+    (resource,) = request.resource_spans
+    (scope,) = resource.scope_spans
+    assert scope.scope.name == "infinity"
+    server, *stages, alone = scope.spans
+    assert (server.name, server.kind, server.status.code) == (f"POST {path}", Span.SPAN_KIND_SERVER,
+                                                              Status.STATUS_CODE_ERROR)
+    assert server.trace_id.hex() == caller[3:35] and server.parent_span_id.hex() == caller[36:52]
+    assert (server.start_time_unix_nano, server.end_time_unix_nano) == (1_000, 9_000_000)
+    assert server.trace_state == "vendor=x"
+    assert server.flags == 0x300  # the context's remoteness known, and remote
+    assert {(a.key, a.value.string_value or a.value.int_value) for a in server.attributes} == {
+        ("http.request.method", "POST"), ("url.path", path), ("http.response.status_code", 503)}
+    assert [(s.name, s.kind, s.parent_span_id, s.trace_id, s.flags) for s in stages] == [
+        (name, Span.SPAN_KIND_INTERNAL, server.span_id, server.trace_id, 0x100)
+        for name in ("tokenization", "queue", "inference", "post-processing")]
+    assert stages[-1].end_time_unix_nano == 9_000_000 and stages[0].start_time_unix_nano == 9_000_000 - 3_500_000
+    assert (alone.name, alone.parent_span_id, alone.status.code, alone.flags) == ("POST /embed", b"",
+                                                                                  Status.STATUS_CODE_UNSET, 0x100)
+    assert len({server.span_id, alone.span_id, *(s.span_id for s in stages)}) == 6
+
+
 def test_the_sampler_resource_and_exporter_variables_are_those_of_any_opentelemetry_sdk(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from infinity.tracing import Tracing
