@@ -184,7 +184,7 @@ class Destination:
         url = urlsplit(self.url)
         host = url.hostname or ""
         proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(url.scheme)
-        through = urlsplit(proxy if "://" in (proxy or "://") else f"http://{proxy}") if proxy else url
+        through = urlsplit(proxy if "://" in proxy else f"http://{proxy}") if proxy else url
         # a plain HTTP proxy is sent the whole URL; through a tunnel or straight, the path
         self.target = self.url if proxy and self.tls is None else url._replace(scheme="", netloc="").geturl() or "/"
         if self.tls is None:
