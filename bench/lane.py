@@ -1,19 +1,21 @@
 """Two servers on the same artifact and cores, in the same run.
 
-    python -m bench.lane <artifact dir> [--compare paths|options] [--concurrency 1 16 64] [--rounds 8]
+    python -m bench.lane <artifact dir> [--compare paths|options|same] [--concurrency 1 16 64] [--rounds 8]
                          [--seconds 2] [--threads 2] [--serve-args "--no-spin-wait ..."]
 
 `paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
 protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
 `options`: `infinity serve` with JSON logs, OTLP traces (to a collector process that takes every export)
-and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("off"). Per round and concurrency
-(one 9-token text per request, keep-alive clients), the servers take turns; the report gives median req/s and p99
-per server, and each server's ratio to the last one ("usual", "off") per round.
+and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("off"). `same`: five identical
+servers, to see the bench's own bias. Each round starts every server afresh, in a shuffled order; per round and
+concurrency (one 9-token text per request, keep-alive clients), the servers take turns; the report gives median
+req/s and p99 per server, and each server's ratio to the last one ("usual", "off", "e") per round.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import shlex
 import socket
 import statistics
@@ -86,15 +88,30 @@ def collect(port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Accept).serve_forever()
 
 
-def servers_for(compare: str, artifact: Path, threads: int, collector: Collector,
-                common: Sequence[str]) -> dict[str, Server]:
+Spec = tuple[bool, tuple[str, ...]]  # through the lane, and the server's options
+
+
+def specs_for(compare: str, collector: Collector) -> dict[str, Spec]:
+    """The servers to compare, the baseline last."""
     if compare == "paths":
-        return {"lane": start(artifact, threads, True, "--api-key", KEY, common=common),
-                "usual": start(artifact, threads, False, "--api-key", KEY, common=common)}
+        return {"lane": (True, ("--api-key", KEY)), "usual": (False, ("--api-key", KEY))}
+    if compare == "same":
+        return {name: (True, ()) for name in ("a", "b", "c", "d", "e")}
     options = {"json": ("--json-logs",), "otlp": ("--otlp-endpoint", collector.url), "key": ("--api-key", KEY)}
-    return {"on": start(artifact, threads, True, *(arg for each in options.values() for arg in each), common=common),
-            **{name: start(artifact, threads, True, *each, common=common) for name, each in options.items()},
-            "off": start(artifact, threads, True, common=common)}
+    return {"on": (True, tuple(arg for each in options.values() for arg in each)),
+            **{name: (True, each) for name, each in options.items()}, "off": (True, ())}
+
+
+def start_all(specs: dict[str, Spec], artifact: Path, threads: int, common: Sequence[str],
+              rng: random.Random) -> dict[str, Server]:
+    """Each server started afresh, in a shuffled order, and warmed: a process's place in the start order moved
+    its throughput by up to a tenth (five identical servers started once, `--compare same`)."""
+    names = list(specs)
+    rng.shuffle(names)
+    started = {name: start(artifact, threads, specs[name][0], *specs[name][1], common=common) for name in names}
+    for server in started.values():
+        measure(server.port, 16, 1.0)
+    return {name: started[name] for name in specs}
 
 
 def measure(port: int, concurrency: int, seconds: float) -> dict:
@@ -108,7 +125,7 @@ def measure(port: int, concurrency: int, seconds: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path)
-    parser.add_argument("--compare", choices=("paths", "options"), default="paths")
+    parser.add_argument("--compare", choices=("paths", "options", "same"), default="paths")
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -116,31 +133,35 @@ def main() -> int:
     parser.add_argument("--serve-args", default="", help="more `infinity serve` arguments, for every server")
     args = parser.parse_args()
     collector = Collector()
-    servers = servers_for(args.compare, args.artifact, args.threads, collector, shlex.split(args.serve_args))
-    *others, baseline = servers
+    specs = specs_for(args.compare, collector)
+    *others, baseline = specs
     levels = args.concurrency
+    rng = random.Random(0)
+    rows: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in specs for c in levels}
     try:
-        for server in servers.values():
-            measure(server.port, 16, 1.0)  # warm
-        rows: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in servers for c in levels}
         for round_ in range(args.rounds):
-            order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-            for concurrency in levels:
-                for name in order:
-                    rows[(name, concurrency)].append(measure(servers[name].port, concurrency, args.seconds))
+            servers = start_all(specs, args.artifact, args.threads, shlex.split(args.serve_args), rng)
+            try:
+                order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+                for concurrency in levels:
+                    for name in order:
+                        rows[(name, concurrency)].append(measure(servers[name].port, concurrency, args.seconds))
+            finally:
+                for server in servers.values():
+                    server.stop()
     finally:
-        for server in servers.values():
-            server.stop()
         collector.stop()
 
     def median(name: str, concurrency: int, field: str) -> float:
         return statistics.median(row[field] for row in rows[(name, concurrency)])
 
-    print(f"{args.rounds} rounds of {args.seconds:g} s per cell, one 9-token text per request, "
-          f"{'API keys on' if args.compare == 'paths' else 'JSON logs, OTLP traces and an API key on, alone, or off'}")
+    compared = {"paths": "API keys on", "same": "five identical servers (the bench's own bias)",
+                "options": "JSON logs, OTLP traces and an API key on, alone, or off"}[args.compare]
+    print(f"{args.rounds} rounds of {args.seconds:g} s per cell, servers started afresh each round, one 9-token text "
+          f"per request, {compared}")
     print("| server | " + " | ".join(f"c{c} req/s | c{c} p99 ms" for c in levels) + " |")
     print("|---|" + "---|---|" * len(levels))
-    for name in servers:
+    for name in specs:
         cells = " | ".join(f"{median(name, c, 'throughput_rps'):.0f} | {median(name, c, 'p99_ms'):.2f}"
                            for c in levels)
         print(f"| {name} | {cells} |")
