@@ -108,9 +108,16 @@ def start_all(specs: dict[str, Spec], artifact: Path, threads: int, common: Sequ
     its throughput by up to a tenth (five identical servers started once, `--compare same`)."""
     names = list(specs)
     rng.shuffle(names)
-    started = {name: start(artifact, threads, specs[name][0], *specs[name][1], common=common) for name in names}
-    for server in started.values():
-        measure(server.port, 16, 1.0)
+    started: dict[str, Server] = {}
+    try:
+        for name in names:
+            started[name] = start(artifact, threads, specs[name][0], *specs[name][1], common=common)
+        for server in started.values():
+            measure(server.port, 16, 1.0)
+    except BaseException:  # none left running on the cores the next run measures
+        for server in started.values():
+            server.stop()
+        raise
     return {name: started[name] for name in specs}
 
 
