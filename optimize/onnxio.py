@@ -5,10 +5,13 @@ must keep its weights beside the graph ("external data"); onnxruntime finds them
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import onnx
+from onnx import helper
 
 # Well below protobuf's 2 GiB: the graph, names and attributes add to the weights.
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -99,3 +102,26 @@ def _attach(model: onnx.ModelProto, detached: dict[str, bytes]) -> None:
             tensor.ClearField("external_data")
             tensor.data_location = onnx.TensorProto.DEFAULT
             tensor.raw_data = detached[tensor.name]
+
+
+def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime's symbolic shape inference (it knows onnxruntime's fused operators) on a copy whose held-aside
+    weights are typed graph inputs: the tool reads the data of every initializer it is given, and a weight's shape
+    is all it needs. Call it through on_graph_only."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    aside = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    kept = [t for t in copy.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in aside)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as scratch:
+        os.chdir(scratch)  # where the tool saves the graph it could not complete (sym_shape_infer_temp.onnx)
+        try:
+            inferred: onnx.ModelProto = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
+        finally:
+            os.chdir(cwd)
+    return inferred
