@@ -192,20 +192,15 @@ def encoder_layer(path, rng: np.random.Generator, hidden: int = 32, heads: int =
     save_graph(path, nodes, inits, hidden)
 
 
-def layer_feeds(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
-    """x [batch, 9, 32]; the first row's last four tokens padding."""
-    mask = np.ones((batch, 9), np.int64)
-    mask[0, 5:] = 0
-    return {"x": rng.normal(0, 1, (batch, 9, 32)).astype(np.float32), "attention_mask": mask}
-
-
 def test_calibrated_inputs_scale_and_add_the_bias_in_the_kernel_and_rows_stay_batch_invariant(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "layer.onnx"
     encoder_layer(path, rng)
 
     def feeds(batch: int) -> dict[str, np.ndarray]:
-        return layer_feeds(rng, batch)
+        mask = np.ones((batch, 9), np.int64)
+        mask[0, 5:] = 0
+        return {"x": rng.normal(0, 1, (batch, 9, 32)).astype(np.float32), "attention_mask": mask}
 
     calibration = [feeds(4) for _ in range(4)]
     bounds = activation_bounds(path, per_token_candidates(path), calibration)
@@ -250,70 +245,3 @@ def test_a_calibrated_scale_spreads_min_to_max_over_256_codes_and_holds_zero():
     assert scale == pytest.approx(10.1 / 255) and zero == round(3.0 / scale)
     scale, zero = calibrated_scale((np.array([0.5, 1.0]), np.array([2.0, 4.0])), np.array([1.0, 0.25]))
     assert scale == pytest.approx(2.0 / 255) and zero == 0  # smoothed: max 2.0 and 1.0; widened down to 0
-
-
-def written_out_attention_layer(path, rng: np.random.Generator, hidden: int = 32, heads: int = 4) -> None:
-    """LayerNorm -> Q, K, V MatMuls -> softmax(QK^T / sqrt(d) + mask) V laid out back by Transpose and Reshape
-    (attention as families without a fused kernel export it) -> out projection + bias + residual."""
-    def weight(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return rng.normal(0, scale, shape).astype(np.float32)
-
-    size = hidden // heads
-    inits = {"gamma": 1 + weight(hidden), "beta": weight(hidden), "out": weight(hidden, hidden),
-             "out_bias": weight(hidden, scale=1.0), "heads": np.array([0, 0, heads, size], np.int64),
-             "merged": np.array([0, 0, hidden], np.int64), "root": np.array(size ** -0.5, np.float32),
-             "one": np.array(1, np.float32), "floor": np.array(-1e4, np.float32),
-             "axes": np.array([1, 2], np.int64)}
-    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="ln", axis=-1)]
-    for part, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-        inits[f"{part}_w"], inits[f"{part}_b"] = weight(hidden, hidden), weight(hidden, scale=1.0)
-        nodes += [helper.make_node("MatMul", ["n", f"{part}_w"], [f"{part}m"], name=f"{part}/MatMul"),
-                  helper.make_node("Add", [f"{part}m", f"{part}_b"], [f"{part}a"], name=f"{part}/Add"),
-                  helper.make_node("Reshape", [f"{part}a", "heads"], [f"{part}r"], name=f"{part}/Reshape"),
-                  helper.make_node("Transpose", [f"{part}r"], [f"{part}t"], name=f"{part}/Transpose", perm=perm)]
-    nodes += [helper.make_node("Cast", ["attention_mask"], ["maskf"], name="mask/Cast", to=TensorProto.FLOAT),
-              helper.make_node("Sub", ["one", "maskf"], ["masked"], name="mask/Sub"),
-              helper.make_node("Mul", ["masked", "floor"], ["maskadd"], name="mask/Mul"),
-              helper.make_node("Unsqueeze", ["maskadd", "axes"], ["mask4"], name="mask/Unsqueeze"),
-              helper.make_node("MatMul", ["qt", "kt"], ["scores"], name="scores/MatMul"),
-              helper.make_node("Mul", ["scores", "root"], ["scaled"], name="scores/Mul"),
-              helper.make_node("Add", ["scaled", "mask4"], ["biased"], name="scores/Add"),
-              helper.make_node("Softmax", ["biased"], ["probs"], name="softmax", axis=-1),
-              helper.make_node("MatMul", ["probs", "vt"], ["ctx"], name="context/MatMul"),
-              helper.make_node("Transpose", ["ctx"], ["ctxt"], name="context/Transpose", perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ctxt", "merged"], ["c"], name="context/Reshape"),
-              helper.make_node("MatMul", ["c", "out"], ["o"], name="out/MatMul"),
-              helper.make_node("Add", ["o", "out_bias"], ["ob"], name="out/AddBias"),
-              helper.make_node("Add", ["ob", "n"], ["y"], name="residual")]
-    save_graph(path, nodes, inits, hidden)
-
-
-def test_a_written_out_attentions_context_gets_one_calibrated_scale_and_its_bias_in_the_kernel(tmp_path):
-    """softmax(...) V is a weighted mean of V's rows whether or not a fused kernel computes it: its input role is
-    "context", so the out projection scales and adds its bias in the kernel, with no per-row prologue."""
-    rng = np.random.default_rng(3)
-    path = tmp_path / "layer.onnx"
-    written_out_attention_layer(path, rng)
-
-    def feeds(batch: int) -> dict[str, np.ndarray]:
-        return layer_feeds(rng, batch)
-
-    bounds = activation_bounds(path, per_token_candidates(path), [feeds(4) for _ in range(4)])
-    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8,
-                                calibrated_roles=frozenset({"normalized", "context"}))
-    assert record.calibrated == 2 and len(record.quantized) == 4  # the LayerNorm's output and the context
-    model = onnx.load(str(tmp_path / "pt.onnx"))
-    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    out = next(n for n in model.graph.node if n.name == "out/MatMul/MatMulInteger")
-    assert constants[out.input[2]].shape == () and out.input[6] == "out_bias"
-    assert "out/AddBias" not in {n.name for n in model.graph.node}
-    assert prologue_ops(model) == Counter({"QuantizeLinear": 2})
-
-    held_out = feeds(5)
-    real = held_out["attention_mask"].astype(bool)
-    reference, quantized = run(path, held_out), run(tmp_path / "pt.onnx", held_out)
-    assert np.abs(quantized - reference)[real].mean() < 0.03 * np.abs(reference[real]).mean()
-    for row in range(5):
-        length = int(real[row].sum())
-        alone = run(tmp_path / "pt.onnx", {k: v[row:row + 1, :length] for k, v in held_out.items()})
-        assert np.array_equal(alone[0], quantized[row, :length]), row

@@ -46,7 +46,6 @@ GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
 # biased all of them alike (all-mpnet-base-v2's FFN down-projections: 11 of 12 closer with it, layer 6 0.0142 ->
 # 0.0045 relative error of the product).
 GELU_ZERO = 16
-LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
 NORMALIZING_OPS = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
                    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
 
@@ -108,29 +107,16 @@ def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) ->
     return scale.astype(np.float32)
 
 
-def input_role(tensor: str, producers: Mapping[str, onnx.NodeProto]) -> str:
-    """What made a MatMul's input: "normalized" (a LayerNorm's output), "context" (an attention's output, fused or
-    written out as MatMul(Softmax(scores), V) and laid out again by Reshape/Transpose), "gelu" or "other"."""
-    producer = producers.get(tensor)
+def input_role(tensor: str, producer: onnx.NodeProto | None) -> str:
+    """What made a MatMul's input: "normalized" (a LayerNorm's output), "context" (an attention's output), "gelu"
+    or "other"."""
     if producer is None:
         return "other"
     if producer.op_type in NORMALIZING_OPS and tensor == producer.output[0]:
         return "normalized"
-    if producer.op_type in ("Attention", "MultiHeadAttention") or _weighted_values(producer, producers):
+    if producer.op_type in ("Attention", "MultiHeadAttention"):
         return "context"
     return "gelu" if producer.op_type in GELU_OPS else "other"
-
-
-def _weighted_values(node: onnx.NodeProto | None, producers: Mapping[str, onnx.NodeProto]) -> bool:
-    """`node`, past layout-only operators, is MatMul(Softmax(...), V): each row a weighted mean of V's rows."""
-    while node is not None and node.op_type in LAYOUT_OPS:
-        node = producers.get(node.input[0])
-    if node is None or node.op_type != "MatMul":
-        return False
-    weights = producers.get(node.input[0])
-    while weights is not None and weights.op_type in ("Cast", "Dropout"):
-        weights = producers.get(weights.input[0])
-    return weights is not None and weights.op_type == "Softmax"
 
 
 def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, weight_bits: int = 8,
@@ -196,10 +182,10 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                 inverse_scales[tensor] = 1 / scale
     # A GELU output is bounded below: its codes spend GELU_ZERO on [floor, 0) and the other 239 on [0, row max],
     # nearly twice the resolution of symmetric codes
-    one_sided_inputs = {tensor for tensor in by_input if input_role(tensor, producers) == "gelu"}
+    one_sided_inputs = {tensor for tensor in by_input if input_role(tensor, producers.get(tensor)) == "gelu"}
     calibrated: dict[str, tuple[float, int]] = {}  # input -> (scale, zero point)
     for tensor, nodes in by_input.items():
-        if bounds is not None and input_role(tensor, producers) in calibrated_roles and all(
+        if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
                 n.name in bounds for n in nodes):
             calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], divided.get(tensor))
     codes = {}

@@ -50,7 +50,7 @@ def choose_strengths(model_path: Path, calibration: Calibration, alphas: tuple[f
         rows = calibration.samples.get(tensor)
         if rows is None or len(rows) < 2 or any(name not in calibration.bounds for name, _ in nodes):
             continue
-        role = input_role(tensor, producers)
+        role = input_role(tensor, producers.get(tensor))
         scheme = "calibrated" if role in calibrated_roles else "gelu" if role == "gelu" else "row"
         rows, matrices = rows.astype(np.float32), [w for _, w in nodes]
         errors = {alpha: folded_error(rows, matrices, alpha, scheme, weight_bits) for alpha in (None, *alphas)}
