@@ -5,11 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import helper
 
-from optimize.onnxio import on_graph_only, save_model, shapes_inferred
+from optimize.onnxio import save_model
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -36,7 +35,6 @@ class FusionResult:
     gaps: list[str] = field(default_factory=list)
     model_type: str | None = None  # the onnxruntime optimizer's model type used, None when nothing was fused
     split_layer_norms: int = 0  # SkipLayerNormalization nodes written back as Add + LayerNormalization (CPU)
-    constant_reshapes: int = 0  # Reshapes whose target shape the graph computed at run time, now a constant
 
 
 def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
@@ -66,60 +64,6 @@ def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return split
-
-
-def constant_reshapes(model: onnx.ModelProto) -> int:
-    """A Reshape whose target shape the graph computes (Shape -> Gather -> Unsqueeze -> Concat, as exporters
-    write attention's head split and merge) gets a constant one instead, where symbolic shape inference shows
-    each output dimension is a number, the input's dimension at the same place (0: copy it), or the one left
-    over (-1); the nodes that computed the shape are then dropped if nothing else reads them. About five
-    operators a layer fewer for families whose attention is not fused: each costs microseconds at short inputs."""
-    try:
-        inferred = on_graph_only(model, shapes_inferred)
-    except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
-        return 0
-    dims: dict[str, list[int | str | None]] = {}
-    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        if value.type.tensor_type.HasField("shape"):
-            dims[value.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param or None
-                                for d in value.type.tensor_type.shape.dim]
-    graph = model.graph
-    constants = {t.name for t in graph.initializer}
-    replaced = 0
-    for node in graph.node:
-        if (node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or node.input[1] in constants
-                or any(a.name == "allowzero" and a.i for a in node.attribute)):
-            continue
-        source, target = dims.get(node.input[0]), dims.get(node.output[0])
-        if source is None or target is None or None in source or None in target:
-            continue
-        shape = [d if isinstance(d, int) else 0 if j < len(source) and source[j] == d else -1
-                 for j, d in enumerate(target)]
-        if shape.count(-1) > 1 or any(d == 0 and not isinstance(target[j], str) for j, d in enumerate(shape)):
-            continue
-        name = f"{node.name or node.output[0]}/constant_shape"
-        graph.initializer.append(onnx.numpy_helper.from_array(np.array(shape, np.int64), name))
-        node.input[1] = name
-        replaced += 1
-    if replaced:
-        _drop_unread(graph)
-    return replaced
-
-
-def _drop_unread(graph: onnx.GraphProto) -> None:
-    """Nodes none of whose outputs is read, until none is left; then constants nothing reads."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {name for node in graph.node for name in node.input} | outputs
-        kept = [node for node in graph.node if any(o in read for o in node.output)]
-        if len(kept) == len(graph.node):
-            break
-        del graph.node[:]
-        graph.node.extend(kept)
-    read = {name for node in graph.node for name in node.input} | outputs | {i.name for i in graph.input}
-    unread = [t for t in graph.initializer if t.name not in read]
-    for tensor in unread:
-        graph.initializer.remove(tensor)
 
 
 def _heads_and_hidden(config: Any) -> tuple[int, int]:
@@ -153,10 +97,9 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
     rewritten.remove_unused_constant()
     rewritten.clean_initializers()
     split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
-    reshapes = constant_reshapes(optimized.model)
     domains = {o.domain for o in optimized.model.opset_import}
     for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
         # onnxruntime's own save adds the contrib domains its fusions use; this save must as well
         optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     save_model(optimized.model, dst, external_data_bytes)
-    return FusionResult(stats, gaps, model_type, split, reshapes)
+    return FusionResult(stats, gaps, model_type, split)

@@ -177,8 +177,6 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     if fusion.split_layer_norms:
         notes.append(f"{fusion.split_layer_norms} SkipLayerNormalization nodes written as Add + LayerNormalization: "
                      "onnxruntime's CPU kernels run that faster")
-    if fusion.constant_reshapes:
-        notes.append(f"{fusion.constant_reshapes} Reshape target shapes the graph computed at run time made constants")
     with stages.stage("quantize"):
         if precision == "int8":
             assert preset.quantization is not None

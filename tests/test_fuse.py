@@ -1,12 +1,11 @@
-"""Fusion's CPU rewrites keep the function: SkipLayerNormalization written back as Add + LayerNormalization (kept so
-at load), and the target shapes the graph computed made constants."""
+"""SkipLayerNormalization written back as Add + LayerNormalization: the same function, kept so at load."""
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine import DISABLED_OPTIMIZERS
-from optimize.fuse import constant_reshapes, split_skip_layer_norms
+from optimize.fuse import split_skip_layer_norms
 
 
 def _graph(with_bias: bool) -> onnx.ModelProto:
@@ -59,36 +58,3 @@ def test_a_node_whose_statistics_are_read_stays_fused():
     model.graph.output.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
     assert split_skip_layer_norms(model.graph) == 0
     assert [n.op_type for n in model.graph.node] == ["MatMul", "SkipLayerNormalization"]
-
-
-def test_a_computed_reshape_target_becomes_a_constant_and_its_shape_nodes_go():
-    """x [b, s, 32] -> [b, s, 4, 8] -> transposed and back -> merged [b, s, 32], both targets computed from
-    Shape(x) the way exporters write attention's head split and merge."""
-    hidden, heads = 32, 4
-    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
-             (("zero", [0]), ("one", [1]), ("heads", [heads]), ("size", [hidden // heads]), ("width", [hidden]))]
-    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="Shape"),
-             helper.make_node("Gather", ["shape", "zero"], ["batch"], name="GatherBatch", axis=0),
-             helper.make_node("Gather", ["shape", "one"], ["sequence"], name="GatherSequence", axis=0),
-             helper.make_node("Concat", ["batch", "sequence", "heads", "size"], ["split"], name="ConcatSplit", axis=0),
-             helper.make_node("Reshape", ["x", "split"], ["h"], name="ReshapeSplit"),
-             helper.make_node("Transpose", ["h"], ["t"], name="Transpose", perm=[0, 2, 1, 3]),
-             helper.make_node("Transpose", ["t"], ["back"], name="TransposeBack", perm=[0, 2, 1, 3]),
-             helper.make_node("Concat", ["batch", "sequence", "width"], ["merge"], name="ConcatMerge", axis=0),
-             helper.make_node("Reshape", ["back", "merge"], ["r"], name="ReshapeMerge"),
-             helper.make_node("Relu", ["r"], ["y"], name="Relu")]
-    x_info, y_info = (helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", "s", hidden]) for name in "xy")
-    graph = helper.make_graph(nodes, "heads", [x_info], [y_info], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    before = onnx.ModelProto()
-    before.CopyFrom(model)
-
-    assert constant_reshapes(model) == 2
-    constants = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
-    reshapes = {n.name: constants[n.input[1]] for n in model.graph.node if n.op_type == "Reshape"}
-    assert reshapes == {"ReshapeSplit": [0, 0, heads, hidden // heads], "ReshapeMerge": [0, 0, hidden]}
-    assert [n.op_type for n in model.graph.node] == ["Reshape", "Transpose", "Transpose", "Reshape", "Relu"]
-    assert set(constants) == {n.input[1] for n in model.graph.node if n.op_type == "Reshape"}
-    for shape in ((1, 1, hidden), (3, 7, hidden)):
-        x = np.random.default_rng(2).normal(0, 1, shape).astype(np.float32)
-        assert np.array_equal(_run(model, x), _run(before, x))

@@ -11,6 +11,7 @@ from optimize.quantize.config import QuantizationConfig
 from optimize.quantize.per_tensor import quantize
 from optimize.quantize.per_token import (
     GELU_ZERO,
+    activation_ranks,
     calibrated_scale,
     per_token_candidates,
     quantize_per_token,
@@ -245,3 +246,17 @@ def test_a_calibrated_scale_spreads_min_to_max_over_256_codes_and_holds_zero():
     assert scale == pytest.approx(10.1 / 255) and zero == round(3.0 / scale)
     scale, zero = calibrated_scale((np.array([0.5, 1.0]), np.array([2.0, 4.0])), np.array([1.0, 0.25]))
     assert scale == pytest.approx(2.0 / 255) and zero == 0  # smoothed: max 2.0 and 1.0; widened down to 0
+
+
+def test_shape_inference_that_stops_incomplete_leaves_no_file_behind(tmp_path, monkeypatch):
+    """onnxruntime's tool saves the graph it could not complete into the working directory; the optimizer's
+    inference runs in a scratch one, so a user's directory stays as it was."""
+    nodes = [helper.make_node("Mystery", ["x"], ["h"], name="unknown", domain="example.custom"),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    body = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(body, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("example.custom", 1)])
+    monkeypatch.chdir(tmp_path)
+    assert activation_ranks(model) == {}
+    assert list(tmp_path.iterdir()) == []
