@@ -23,7 +23,7 @@ from infinity.manifest import (
     write_atomically,
 )
 from infinity.model import artifact_tokenizer
-from infinity.tokenization import TextInput, TextTokenizer
+from infinity.tokenization import TextInput
 from optimize import package
 from optimize.calibrate import Feeder, calibration_inputs
 from optimize.export import export_onnx
@@ -135,8 +135,6 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
     with stages.stage("reference"):
         reference = torch_reference(source, search_inputs) if search_inputs else []
         heldout_reference = torch_reference(source, heldout)
-    tokenizer = TextTokenizer(staging / "tokenizer.json", source.max_length, source.tokenizer.pad_token_id or 0)
-    feeder = Feeder(tokenizer)
     provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
     if "TensorrtExecutionProvider" in provider_options:
         provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
@@ -150,16 +148,18 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                       provider_options=provider_options),
         model=package.describe_model(fused, precision),
         tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
-                                max_length=source.max_length, pad_id=tokenizer.pad_id, extra_files=extra),
+                                max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
+                                extra_files=extra),
         task=source.facts, optimization=Optimization(),
         parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
                       passed=False))
 
-    candidates_tokenizer = artifact_tokenizer(staging, draft)  # one for every graph the search tries
+    tokenizer = artifact_tokenizer(staging, draft)  # as served: calibration and every graph the search tries
+    feeder = Feeder(tokenizer)
 
     def served(path: Path, inputs: list[TextInput], expected: Outputs, alone: bool = True) -> ServedParity:
-        return served_parity(load_candidate(staging, draft, path, options.threads, candidates_tokenizer), inputs,
-                             expected, thresholds, alone=alone)
+        return served_parity(load_candidate(staging, draft, path, options.threads, tokenizer), inputs, expected,
+                             thresholds, alone=alone)
 
     # a per-token graph answers alike alone and batched (validate checks it): its trials run batched only
     invariant = precision == "int8" and preset.quantization is not None and preset.quantization.batch_invariant and (
