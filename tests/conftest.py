@@ -1,4 +1,4 @@
-"""Session-wide artifacts: each source model is optimized once per test run and shared."""
+"""Session-wide artifacts: each source model is optimized once per test run and shared, by every xdist worker."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,7 +30,8 @@ RERANKERS = {"qwen3-reranker-tiny": "qwen3"}  # causal rerankers' prompts, by so
 
 
 class ArtifactCache:
-    """Builds source models and artifacts on first use; INFINITY_TEST_ARTIFACTS keeps them between runs."""
+    """Builds source models and artifacts on first use, one process at a time (the xdist workers share the cache);
+    INFINITY_TEST_ARTIFACTS keeps them between runs."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -39,6 +41,10 @@ class ArtifactCache:
         if name == "minilm":
             return minilm_dir()
         path = self.root / "sources" / name
+        with FileLock(f"{path}.lock"):
+            return self._source(name, path)
+
+    def _source(self, name: str, path: Path) -> Path:
         if not (path / "config.json").is_file():
             shutil.rmtree(path, ignore_errors=True)
             if name == "distilbert-tiny":
@@ -65,17 +71,21 @@ class ArtifactCache:
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
                           "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
-        if not (path / "manifest.json").is_file():
-            optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
-                                     precision=precision, reranker_template=RERANKERS.get(model)),
-                     log=lambda _: None)
+        with FileLock(f"{path}.lock"):
+            if not (path / "manifest.json").is_file():
+                optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
+                                         precision=precision, reranker_template=RERANKERS.get(model)),
+                         log=lambda _: None)
         return path
 
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
     keep = os.environ.get("INFINITY_TEST_ARTIFACTS")
-    return ArtifactCache(Path(keep) if keep else tmp_path_factory.mktemp("artifacts"))
+    if keep:
+        return ArtifactCache(Path(keep))
+    run = tmp_path_factory.getbasetemp()  # under xdist, a worker's folder inside the run's
+    return ArtifactCache((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "artifacts")
 
 
 @pytest.fixture(scope="session")
