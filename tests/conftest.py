@@ -41,6 +41,7 @@ class ArtifactCache:
         if name == "minilm":
             return minilm_dir()
         path = self.root / "sources" / name
+        path.parent.mkdir(exist_ok=True)  # where the lock file goes
         with FileLock(f"{path}.lock"):
             return self._source(name, path)
 
