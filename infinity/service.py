@@ -195,7 +195,7 @@ class Service:
         try:
             return self.model.encode(request)
         except InputTooLong as exc:
-            raise ValidationError(str(exc)) from None
+            raise ValidationError(too_long(exc, request)) from None
         except Exception as exc:  # tokenizers rejects some strings (lone surrogates) with its own errors
             raise ValidationError(f"could not tokenize the inputs: {exc}") from None
 
@@ -205,3 +205,15 @@ class Service:
         self.metrics.inference.observe(report.seconds)
         if report.error is not None:
             self.healthy = False
+
+
+def too_long(exc: InputTooLong, request: Request) -> str:
+    """The 422 for an input the model cannot take whole: which input, whose maximum, and what the client can do in
+    its own API's words."""
+    if request.token_ids is not None:
+        return f"{exc}; send at most {exc.max_length} token ids"
+    what = f"input {exc.index}" + (", a text pair," if isinstance(request.texts[exc.index], tuple) else "")
+    role = request.role if request.role and request.max_length == exc.max_length else None
+    limit = f"the maximum of {exc.max_length} for a {role}" if role else f"the model's maximum of {exc.max_length}"
+    advice = "send shorter text" + (f" or set {request.truncate_with}" if request.truncate_with else "")
+    return f"{what} has {exc.length} tokens, more than {limit}; {advice}"

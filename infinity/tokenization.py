@@ -12,11 +12,13 @@ TextInput = str | tuple[str, str]
 
 
 class InputTooLong(ValueError):
+    """Input `index` has `length` tokens, more than `max_length`, and is not to be cut."""
+
     def __init__(self, index: int, length: int, max_length: int) -> None:
-        super().__init__(f"input {index} has {length} tokens, more than the model's maximum of {max_length}; "
-                         "send shorter text or set parameters.truncate=true")
+        super().__init__(f"input {index} has {length} tokens, more than the maximum of {max_length}")
         self.index = index
         self.length = length
+        self.max_length = max_length
 
 
 @dataclass

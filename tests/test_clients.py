@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 
 from tests.servers import Server, running
@@ -160,6 +161,36 @@ def test_tei_routes_in_tei_shapes(embedder: Server, ranker: Server) -> None:
     ranked = post(ranker, "/rerank", {"query": query, "texts": TEXTS, "return_text": True}).json()
     want = predicted(ranker, {"query": query, "texts": TEXTS}, return_text=True)
     assert ranked == want and [r["text"] for r in ranked] == [TEXTS[r["index"]] for r in want]
+
+
+def merged(body: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    return {**body, **{key: merged(body[key], value) if isinstance(value, dict) and key in body else value
+                       for key, value in change.items()}}
+
+
+LONG = "alpha " * 400
+
+
+@pytest.mark.parametrize(("route", "body", "words"), [
+    ("/predict", {"inputs": LONG, "parameters": {"truncate": False}}, "input 0 has 402 tokens"),
+    ("/predict", {"inputs": ["short", LONG], "truncate": False}, "input 1 has 402 tokens"),
+    ("/", {"inputs": LONG, "parameters": {"truncate": False}}, "input 0 has 402 tokens"),
+    ("/embed", {"inputs": LONG, "truncate": False}, "input 0 has 402 tokens"),
+    ("/v1/embed", {"texts": [LONG], "truncate": "NONE"}, "input 0 has 402 tokens"),
+    ("/v2/embed", {"texts": [LONG], "truncate": "NONE", "model": "m", "input_type": "search_query",
+                   "embedding_types": ["float"]}, "input 0 has 402 tokens"),
+    ("/rerank", {"query": "Where?", "texts": ["short", LONG * 3], "truncate": False}, "input 1, a text pair, has"),
+])
+def test_a_too_long_input_is_told_the_field_its_own_api_cuts_it_with(embedder: Server, ranker: Server, route: str,
+                                                                      body: dict[str, Any], words: str) -> None:
+    server = ranker if route == "/rerank" else embedder
+    refused = post(server, route, body)
+    assert refused.status_code == 422, refused.text
+    message = refused.json().get("error") or refused.json()["message"]
+    assert words in message and "more than the model's maximum of" in message, message
+    advice = message.split("or set ", 1)[1]  # a JSON member, to be pasted into the body as it stands
+    answered = post(server, route, merged(body, orjson.loads("{" + advice + "}")))
+    assert answered.status_code == 200, (advice, answered.text)
 
 
 def test_truncation_direction_keeps_the_chosen_end(embedder: Server) -> None:

@@ -209,6 +209,21 @@ def test_kserve_answers_bad_tensors_and_unknown_models_in_its_error_shape(vertex
     assert httpx.get(f"{vertex}/v2/models/another-model/ready").status_code == 404
 
 
+@pytest.mark.parametrize("platform", ["vertex", "kserve"])
+def test_a_too_long_input_is_told_to_set_the_platforms_truncate_parameter(vertex: str, platform: str) -> None:
+    long = "alpha " * 400
+    if platform == "vertex":
+        url, body = vertex + VERTEX_PREDICT, {"instances": ["short", long]}
+    else:
+        url = f"{vertex}/v2/models/{model_name(vertex)}/infer"
+        body = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["short", long]}]}
+    refused = post(url, {**body, "parameters": {"truncate": False}})
+    assert refused.status_code == (422 if platform == "vertex" else 400) and refused.json()["error"] == (
+        "input 1 has 402 tokens, more than the model's maximum of 256; send shorter text or set "
+        '"parameters": {"truncate": true}'), refused.text
+    assert post(url, {**body, "parameters": {"truncate": True}}).status_code == 200
+
+
 def test_kserve_ranking_scores_equal_predicts(ranker: str) -> None:
     client = triton.InferenceServerClient(ranker.removeprefix("http://"))
     result = client.infer(model_name(ranker), [texts_input("query", ["where do cats sit?"]),

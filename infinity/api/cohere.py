@@ -96,7 +96,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             kinds = list(dict.fromkeys(kinds or ["float"]))
             normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
             task.check_precision(kinds)
-            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]])
+            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]], '"truncate": "END"')
             request = task.prompted(request, prompt_for(task, body.get("input_type")))
 
             def render(result: Result) -> Any:

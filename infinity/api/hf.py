@@ -23,10 +23,16 @@ def truncation() -> dict[str, Schema]:
                                            description="which end of a long input is cut")}
 
 
-def truncated(request: Request, params: dict[str, Any]) -> Request:
-    """The request cut as the truncation() parameters say (their defaults where the body gave none)."""
+AT_TOP = '"truncate": true'
+IN_PARAMETERS = '"parameters": {"truncate": true}'
+
+
+def truncated(request: Request, params: dict[str, Any], switch: str = AT_TOP) -> Request:
+    """The request cut as the truncation() parameters say (their defaults where the body gave none); `switch`: the
+    body field that turns truncation on, as a too-long input's error names it."""
     request.truncate = params.get("truncate", True)
     request.direction = params.get("truncation_direction", "right")
+    request.truncate_with = switch
     return request
 
 
@@ -48,7 +54,7 @@ def endpoints(task: Task, limit: int) -> list[Endpoint]:
             params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
             params.update(body.get("parameters", {}))
             parsed = task.parse(body["inputs"], params)
-            truncated(parsed.request, params)
+            truncated(parsed.request, params, IN_PARAMETERS)  # where it overrides a top-level truncate
             nest = hosted_api and parsed.single and task.nests_single_answer
 
             def render(result: Result) -> Any:

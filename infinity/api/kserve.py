@@ -113,7 +113,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
         if missing:
             raise ValidationError(f"missing input(s): {', '.join(missing)}")
         params = body.get("parameters", {})
-        request = hf.truncated(spec.texts(named), params)
+        request = hf.truncated(spec.texts(named), params, hf.IN_PARAMETERS)
 
         def render(result: Result) -> Any:
             data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)

@@ -27,7 +27,7 @@ def predict(task: Task, limit: int, route: str) -> Endpoint:
         texts = [text for each in parsed for text in each.request.texts]
         if len(texts) > limit:
             raise PayloadTooLarge(f"the instances hold {len(texts)} inputs; the limit is {limit}")
-        request = hf.truncated(Request(texts), params)
+        request = hf.truncated(Request(texts), params, hf.IN_PARAMETERS)
 
         def render(result: Result) -> Any:
             predictions, start = [], 0

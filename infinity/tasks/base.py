@@ -24,6 +24,7 @@ class Request:
     tokens: bool = False  # answer every token's vector, not the task's reduction of them
     max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
     role: str | None = None  # multi-vector: "query" or "document"
+    truncate_with: str = ""  # how this request's API turns truncation on, for the error a too-long input gets
 
     @property
     def size(self) -> int:
