@@ -210,10 +210,10 @@ class Service:
 def too_long(exc: InputTooLong, request: Request) -> str:
     """The 422 for an input the model cannot take whole: which input, whose maximum, and what the client can do in
     its own API's words."""
-    if request.token_ids is not None:
-        return f"{exc}; send at most {exc.max_length} token ids"
-    what = f"input {exc.index}" + (", a text pair," if isinstance(request.texts[exc.index], tuple) else "")
     role = request.role if request.role and request.max_length == exc.max_length else None
     limit = f"the maximum of {exc.max_length} for a {role}" if role else f"the model's maximum of {exc.max_length}"
+    if request.token_ids is not None:  # run as given, never cut
+        return f"input {exc.index} has {exc.length} token ids, more than {limit}; send at most {exc.max_length}"
+    what = f"input {exc.index}" + (", a text pair," if isinstance(request.texts[exc.index], tuple) else "")
     advice = "send shorter text" + (f" or set {request.truncate_with}" if request.truncate_with else "")
     return f"{what} has {exc.length} tokens, more than {limit}; {advice}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
+from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
 from infinity.service import Result
 from infinity.tasks import Request
@@ -30,9 +32,20 @@ ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the mo
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 
 
+@dataclass(frozen=True)
+class TokenIds(Array):
+    """One input's token ids. More than the model takes is a too-long input (400), as a text is, not too many inputs
+    (413); refused on its length, before its ids are read."""
+
+    def check(self, value: Any, where: str) -> list[Any]:
+        if isinstance(value, list) and self.max_items is not None and len(value) > self.max_items:
+            raise ValidationError(f"{where} has {len(value)} token ids, more than the model's maximum of "
+                                  f"{self.max_items}")
+        return super().check(value, where)
+
+
 def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
-    # a token list longer than the model takes is refused on its length, before its ids are looked at
-    ids = Array(Integer(minimum=0, maximum=vocabulary - 1), max_items=task.manifest.tokenizer.max_length)
+    ids = TokenIds(Integer(minimum=0, maximum=vocabulary - 1), max_items=task.manifest.tokenizer.max_length)
     inputs = OneOf((Text(), Array(Text(), max_items=limit), ids, Array(ids, max_items=limit)),
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
     return Object({
