@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from optimize.onnxio import save_model
+from optimize.onnxio import activation_ranks, converted, save_model
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -17,7 +17,8 @@ FUSIBLE = {family: "bert" for family in (
     "bert", "distilbert", "roberta", "xlm-roberta", "camembert", "electra", "albert", "mpnet", "deberta-v2",
     "modernbert", "nomic_bert", "gte", "jina_embeddings_v3")}
 EXPECTED = ("Attention", "SkipLayerNormalization")
-# Why onnxruntime's Attention fusion does not match a family's attention: the graph keeps it as MatMul/Softmax.
+# Why onnxruntime's Attention fusion does not match a family's attention; said where written_attention does not
+# match it either, and the graph keeps it as MatMul/Softmax.
 ATTENTION_GAPS = {
     "albert": "its layers share one set of weights, and the fusion turns only the first use into an Attention node",
     "mpnet": "a relative position bias is added to the attention scores, a pattern the fusion does not know",
@@ -66,6 +67,166 @@ def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
     return split
 
 
+ATTENTION_OPSET = 23  # ONNX's own Attention operator
+K_TRANSPOSED = {(0, 2, 3, 1): (0, 2, 1, 3), (0, 1, 3, 2): None}  # K^T's perm -> the perm that gives K (None: its input)
+
+
+def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Attention the fusion left written out, softmax(Q K^T x scale + terms) V over [batch, heads, sequence, head
+    size] (a relative position bias, rotary Q and K), as ONNX's Attention: one kernel instead of two MatMuls, the
+    scale, the Adds and the Softmax. Terms every layer adds alike (a position bias and the padding mask) are summed
+    once; the answers are bit-identical where the scale is a power of two and the terms past the first are such a
+    mask (0 or the lowest float). The model as it was, and 0, where no attention is written out so, or the graph
+    cannot be lifted to opset 23."""
+    if not _written_cores(model.graph, None):
+        return model, 0
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), ATTENTION_OPSET)
+    try:
+        lifted = model if current >= ATTENTION_OPSET else converted(model, ATTENTION_OPSET)
+    except Exception:  # the converter raises bare errors for operators it has no adapter for
+        return model, 0
+    cores = _written_cores(lifted.graph, activation_ranks(lifted))
+    if not cores:
+        return model, 0
+    replaced = {id(node) for core in cores for node in core.nodes}
+    by_output = {id(core.output): core for core in cores}
+    sums: dict[tuple[str, ...], str] = {}
+    nodes: list[onnx.NodeProto] = []
+    for node in lifted.graph.node:
+        core = by_output.get(id(node))
+        if core is None:
+            if id(node) not in replaced:
+                nodes.append(node)
+            continue
+        inputs = [core.query, core.key, core.value]
+        if core.terms:
+            key = tuple(core.terms)
+            if key not in sums:
+                total = core.terms[0]
+                for index, term in enumerate(core.terms[1:]):
+                    name = f"written_attention/terms{len(sums)}/{index}"
+                    nodes.append(helper.make_node("Add", [total, term], [name], name=name))
+                    total = name
+                sums[key] = total
+            inputs.append(sums[key])
+        nodes += core.making_key
+        nodes.append(helper.make_node("Attention", inputs, [node.output[0]],
+                                      name=f"{node.name or node.output[0]}/Attention", scale=core.scale))
+    del lifted.graph.node[:]
+    lifted.graph.node.extend(_in_order(nodes))
+    return lifted, len(cores)
+
+
+@dataclass
+class _Core:
+    nodes: list[onnx.NodeProto]  # what the Attention replaces
+    output: onnx.NodeProto  # MatMul(P, V)
+    query: str
+    key: str
+    making_key: list[onnx.NodeProto]  # a Transpose to K, where the graph had only K^T
+    value: str
+    scale: float
+    terms: list[str]
+
+
+class _Scores:
+    """Q K^T x scale + terms, read back from the tensor a Softmax takes."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.producers = {out: node for node in graph.node for out in node.output}
+        self.readers: dict[str, int] = {o.name: 1 for o in graph.output}
+        for node in graph.node:
+            for name in node.input:
+                self.readers[name] = self.readers.get(name, 0) + 1
+        self.constants = {init.name: float(numpy_helper.to_array(init)) for init in graph.initializer
+                          if not init.dims and init.data_type == onnx.TensorProto.FLOAT}
+        self.constants.update({n.output[0]: float(numpy_helper.to_array(n.attribute[0].t)) for n in graph.node
+                               if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+                               and not n.attribute[0].t.dims and n.attribute[0].t.data_type == onnx.TensorProto.FLOAT})
+
+    def read(self, tensor: str) -> tuple[list[onnx.NodeProto], list[str], float] | None:
+        """(the nodes from the scores' MatMul on, the terms added in order, the scale)."""
+        node = self.producers.get(tensor)
+        if node is None or self.readers.get(tensor) != 1 or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "MatMul":
+            return [node], [], 1.0
+        if node.op_type == "Div" and node.input[1] in self.constants:
+            inner = self.read(node.input[0])
+            return None if inner is None else ([*inner[0], node], inner[1], inner[2] / self.constants[node.input[1]])
+        if node.op_type == "Mul":
+            for factor, other in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
+                inner = self.read(other) if factor in self.constants else None
+                if inner is not None:
+                    return [*inner[0], node], inner[1], inner[2] * self.constants[factor]
+        if node.op_type == "Add":
+            for chain, term in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+                inner = self.read(chain)
+                if inner is not None:
+                    return [*inner[0], node], [*inner[1], term], inner[2]
+        return None
+
+
+def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list[_Core]:
+    """Each Softmax between Q K^T and its product with V; `ranks`: only those whose Q, K and V are known to be of
+    rank 4 (None: any, to see whether there are candidates at all)."""
+    scores = _Scores(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    cores = []
+    for softmax in graph.node:
+        if softmax.op_type != "Softmax" or softmax.domain not in ("", "ai.onnx"):
+            continue
+        axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
+        users = consumers.get(softmax.output[0], [])
+        if axis not in (-1, 3) or len(users) != 1 or users[0].op_type != "MatMul" or users[0].input[0] != \
+                softmax.output[0] or scores.readers[softmax.output[0]] != 1:
+            continue
+        found = scores.read(softmax.input[0])
+        if found is None:
+            continue
+        matmul = found[0][0]
+        transpose = scores.producers.get(matmul.input[1])
+        if transpose is None or transpose.op_type != "Transpose" or scores.readers[matmul.input[1]] != 1:
+            continue
+        perm = next((tuple(a.ints) for a in transpose.attribute if a.name == "perm"), ())
+        if perm == (0, 1, 3, 2):
+            key, making = transpose.input[0], []
+        elif perm == (0, 2, 3, 1):
+            key = f"{transpose.output[0]}/key"
+            making = [helper.make_node("Transpose", [transpose.input[0]], [key], name=key, perm=[0, 2, 1, 3])]
+        else:
+            continue
+        query, value = matmul.input[0], users[0].input[1]
+        if ranks is not None and any(ranks.get(name) != 4 for name in (query, matmul.input[1], value)):
+            continue
+        cores.append(_Core([softmax, users[0], *found[0], transpose], users[0], query, key, making, value,
+                           found[2], found[1]))
+    return cores
+
+
+def _in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` sorted so each comes after the producers of its inputs (the shared sums are made where the first
+    layer needs them, before other layers' own inputs exist)."""
+    made = {name for node in nodes for name in node.output}
+    done: set[str] = set()
+    ordered, waiting = [], list(nodes)
+    while waiting:
+        still = []
+        for node in waiting:
+            if all(name in done or name not in made or not name for name in node.input):
+                ordered.append(node)
+                done.update(node.output)
+            else:
+                still.append(node)
+        if len(still) == len(waiting):
+            raise ValueError("the rewritten graph has a cycle")
+        waiting = still
+    return ordered
+
+
 def _heads_and_hidden(config: Any) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None) or config.n_heads
     hidden = getattr(config, "hidden_size", None) or config.dim
@@ -86,6 +247,14 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
     optimized = optimize_model(str(src), model_type=model_type, num_heads=heads, hidden_size=hidden,
                                opt_level=0, use_gpu=for_gpu)
     stats = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    domains = {o.domain for o in optimized.model.opset_import}
+    for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
+        # onnxruntime's own save adds the contrib domains its fusions use; this save (and the converter) must too
+        optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    if not for_gpu:
+        optimized.model, written = written_attention(optimized.model)
+        if written:
+            stats["Attention"] = stats.get("Attention", 0) + written
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", 0)
     gaps = [f"expected {name} fusions for {layers} layers, found {stats.get(name, 0)}"
             for name in EXPECTED if layers and stats.get(name, 0) < layers]
@@ -97,9 +266,5 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
     rewritten.remove_unused_constant()
     rewritten.clean_initializers()
     split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
-    domains = {o.domain for o in optimized.model.opset_import}
-    for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
-        # onnxruntime's own save adds the contrib domains its fusions use; this save must as well
-        optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     save_model(optimized.model, dst, external_data_bytes)
     return FusionResult(stats, gaps, model_type, split)

@@ -125,3 +125,23 @@ def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
         finally:
             os.chdir(cwd)
     return inferred
+
+
+def converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`model` at ONNX opset `opset`, by onnx's version converter on the graph alone (it serializes what it is
+    given: past 2 GiB of weights it would fail). Raises what the converter raises for an operator it has no
+    adapter for."""
+    from onnx import version_converter
+
+    return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
+
+
+def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Rank of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators); {} where it
+    cannot run."""
+    try:
+        inferred = on_graph_only(model, shapes_inferred)
+    except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
+        return {}
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
+            if v.type.tensor_type.HasField("shape")}

@@ -5,7 +5,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine import DISABLED_OPTIMIZERS
-from optimize.fuse import split_skip_layer_norms
+from optimize.fuse import split_skip_layer_norms, written_attention
 
 
 def _graph(with_bias: bool) -> onnx.ModelProto:
@@ -58,3 +58,84 @@ def test_a_node_whose_statistics_are_read_stays_fused():
     model.graph.output.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
     assert split_skip_layer_norms(model.graph) == 0
     assert [n.op_type for n in model.graph.node] == ["MatMul", "SkipLayerNormalization"]
+
+
+HEADS, SIZE = 2, 4
+WIDTH = HEADS * SIZE
+
+
+def _written_attention_graph(softmax_read_twice: bool = False) -> onnx.ModelProto:
+    """Two layers of attention as an export writes it out: the first as MPNet (K^T from [batch, sequence, heads,
+    size], scores divided by 8), the second as a rotary family (K^T from [batch, heads, sequence, size], scores
+    multiplied by 1/8); both add the same position bias and padding mask."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array([0, 0, HEADS, SIZE], np.int64), "heads"),
+             numpy_helper.from_array(np.array([0, 0, WIDTH], np.int64), "merged"),
+             numpy_helper.from_array(np.array(0.125, np.float32), "eighth")]
+    nodes = [helper.make_node("Constant", [], ["eight"], value=numpy_helper.from_array(np.array(8.0, np.float32)))]
+    x = "x"
+    for layer, k_perm in enumerate(((0, 2, 3, 1), (0, 1, 3, 2))):
+        p = f"layer{layer}"
+        for part in "qkv":
+            inits.append(numpy_helper.from_array(rng.normal(0, 0.5, (WIDTH, WIDTH)).astype(np.float32), f"{p}/w{part}"))
+            nodes += [helper.make_node("MatMul", [x, f"{p}/w{part}"], [f"{p}/{part}"]),
+                      helper.make_node("Reshape", [f"{p}/{part}", "heads"], [f"{p}/{part}4"])]
+        nodes += [helper.make_node("Transpose", [f"{p}/q4"], [f"{p}/qt"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", [f"{p}/v4"], [f"{p}/vt"], perm=[0, 2, 1, 3])]
+        if k_perm == (0, 2, 3, 1):
+            nodes += [helper.make_node("Transpose", [f"{p}/k4"], [f"{p}/kT"], perm=list(k_perm)),
+                      helper.make_node("MatMul", [f"{p}/qt", f"{p}/kT"], [f"{p}/scores"]),
+                      helper.make_node("Div", [f"{p}/scores", "eight"], [f"{p}/scaled"])]
+        else:
+            nodes += [helper.make_node("Transpose", [f"{p}/k4"], [f"{p}/kh"], perm=[0, 2, 1, 3]),
+                      helper.make_node("Transpose", [f"{p}/kh"], [f"{p}/kT"], perm=list(k_perm)),
+                      helper.make_node("MatMul", [f"{p}/qt", f"{p}/kT"], [f"{p}/scores"]),
+                      helper.make_node("Mul", ["eighth", f"{p}/scores"], [f"{p}/scaled"])]
+        nodes += [helper.make_node("Add", [f"{p}/scaled", "bias"], [f"{p}/biased"]),
+                  helper.make_node("Add", ["mask", f"{p}/biased"], [f"{p}/masked"]),
+                  helper.make_node("Softmax", [f"{p}/masked"], [f"{p}/probs"], axis=-1),
+                  helper.make_node("MatMul", [f"{p}/probs", f"{p}/vt"], [f"{p}/context"]),
+                  helper.make_node("Transpose", [f"{p}/context"], [f"{p}/ct"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [f"{p}/ct", "merged"], [f"{p}/out"])]
+        x = f"{p}/out"
+    outputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["b", "s", WIDTH])]
+    if softmax_read_twice:
+        outputs.append(helper.make_tensor_value_info("layer1/probs", TensorProto.FLOAT, None))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", WIDTH]),
+              helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, HEADS, "s", "s"]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"])]
+    return helper.make_model(helper.make_graph(nodes, "written", inputs, outputs, inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    mask = np.zeros((3, 1, 1, 6), np.float32)
+    mask[0, ..., 4:] = np.finfo(np.float32).min  # a padded input
+    return {"x": rng.normal(0, 1, (3, 6, WIDTH)).astype(np.float32),
+            "bias": rng.normal(0, 1, (1, HEADS, 6, 6)).astype(np.float32), "mask": mask}
+
+
+def _answers(model: onnx.ModelProto) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, _feeds())
+
+
+def test_written_out_attention_becomes_onnx_attention_with_the_same_answers():
+    model = _written_attention_graph()
+    rewritten, count = written_attention(model)
+    assert count == 2
+    assert next(o.version for o in rewritten.opset_import if o.domain == "") == 23
+    ops = [node.op_type for node in rewritten.graph.node]
+    assert ops.count("Attention") == 2 and "Softmax" not in ops and "Div" not in ops
+    assert ops.count("Add") == 1  # the position bias and the mask, summed once for both layers
+    np.testing.assert_array_equal(_answers(rewritten)[0], _answers(model)[0])
+
+
+def test_attention_whose_probabilities_are_read_elsewhere_stays_written_out():
+    model = _written_attention_graph(softmax_read_twice=True)
+    rewritten, count = written_attention(model)
+    assert count == 1  # the first layer only
+    assert [node.op_type for node in rewritten.graph.node].count("Softmax") == 1
+    for have, want in zip(_answers(rewritten), _answers(model)):
+        np.testing.assert_array_equal(have, want)

@@ -7,11 +7,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.calibrate import activation_bounds
+from optimize.onnxio import activation_ranks
 from optimize.quantize.config import QuantizationConfig
 from optimize.quantize.per_tensor import quantize
 from optimize.quantize.per_token import (
     GELU_ZERO,
-    activation_ranks,
     calibrated_scale,
     per_token_candidates,
     quantize_per_token,

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, version_converter
+from onnx import helper, numpy_helper
 
 from optimize.calibrate import Bounds, peaks
-from optimize.onnxio import on_graph_only, save_model, shapes_inferred
+from optimize.onnxio import activation_ranks, converted, save_model
 from optimize.quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
@@ -363,30 +363,14 @@ def _ranks_of(src: Path, model: onnx.ModelProto) -> dict[str, int]:
     return _RANKS[key]
 
 
-def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Rank of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators); {} where it
-    cannot run, and each prologue then shapes its own zero point."""
-    try:
-        inferred = on_graph_only(model, shapes_inferred)
-    except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
-        return {}
-    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
-            if v.type.tensor_type.HasField("shape")}
-
-
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     if current >= ATTENTION_OPSET or not any(n.op_type == "Attention" for n in model.graph.node):
-        return model if current >= OPSET else _converted(model, OPSET)
+        return model if current >= OPSET else converted(model, OPSET)
     try:
-        return _converted(model, ATTENTION_OPSET)
+        return converted(model, ATTENTION_OPSET)
     except Exception:  # the converter raises bare errors for operators it has no adapter for
-        return model if current >= OPSET else _converted(model, OPSET)
-
-
-def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    # the converter serializes what it is given: past 2 GiB of weights it would fail
-    return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
+        return model if current >= OPSET else converted(model, OPSET)
 
 
 def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: tuple[np.ndarray, np.ndarray],
