@@ -68,7 +68,6 @@ def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
 
 
 ATTENTION_OPSET = 23  # ONNX's own Attention operator
-K_TRANSPOSED = {(0, 2, 3, 1): (0, 2, 1, 3), (0, 1, 3, 2): None}  # K^T's perm -> the perm that gives K (None: its input)
 
 
 def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -78,6 +77,8 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     once; the answers are bit-identical where the scale is a power of two and the terms past the first are such a
     mask (0 or the lowest float). The model as it was, and 0, where no attention is written out so, or the graph
     cannot be lifted to opset 23."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
     if not _written_cores(model.graph, None):
         return model, 0
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), ATTENTION_OPSET)
@@ -113,7 +114,9 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         nodes.append(helper.make_node("Attention", inputs, [node.output[0]],
                                       name=f"{node.name or node.output[0]}/Attention", scale=core.scale))
     del lifted.graph.node[:]
-    lifted.graph.node.extend(_in_order(nodes))
+    lifted.graph.node.extend(nodes)
+    # the shared sums go where the first layer needs them, before other layers' own inputs exist
+    OnnxModel.graph_topological_sort(lifted.graph)
     return lifted, len(cores)
 
 
@@ -134,20 +137,25 @@ class _Scores:
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.producers = {out: node for node in graph.node for out in node.output}
-        self.readers: dict[str, int] = {o.name: 1 for o in graph.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
             for name in node.input:
-                self.readers[name] = self.readers.get(name, 0) + 1
+                self.consumers.setdefault(name, []).append(node)
+        self.outputs = {o.name for o in graph.output}
         self.constants = {init.name: float(numpy_helper.to_array(init)) for init in graph.initializer
                           if not init.dims and init.data_type == onnx.TensorProto.FLOAT}
         self.constants.update({n.output[0]: float(numpy_helper.to_array(n.attribute[0].t)) for n in graph.node
                                if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
                                and not n.attribute[0].t.dims and n.attribute[0].t.data_type == onnx.TensorProto.FLOAT})
 
+    def read_once(self, tensor: str) -> bool:
+        """Only one node reads `tensor`, and the graph does not answer it."""
+        return len(self.consumers.get(tensor, [])) == 1 and tensor not in self.outputs
+
     def read(self, tensor: str) -> tuple[list[onnx.NodeProto], list[str], float] | None:
         """(the nodes from the scores' MatMul on, the terms added in order, the scale)."""
         node = self.producers.get(tensor)
-        if node is None or self.readers.get(tensor) != 1 or node.domain not in ("", "ai.onnx"):
+        if node is None or not self.read_once(tensor) or node.domain not in ("", "ai.onnx"):
             return None
         if node.op_type == "MatMul":
             return [node], [], 1.0
@@ -171,25 +179,21 @@ def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list
     """Each Softmax between Q K^T and its product with V; `ranks`: only those whose Q, K and V are known to be of
     rank 4 (None: any, to see whether there are candidates at all)."""
     scores = _Scores(graph)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
     cores = []
     for softmax in graph.node:
         if softmax.op_type != "Softmax" or softmax.domain not in ("", "ai.onnx"):
             continue
         axis = next((a.i for a in softmax.attribute if a.name == "axis"), -1)
-        users = consumers.get(softmax.output[0], [])
-        if axis not in (-1, 3) or len(users) != 1 or users[0].op_type != "MatMul" or users[0].input[0] != \
-                softmax.output[0] or scores.readers[softmax.output[0]] != 1:
+        users = scores.consumers.get(softmax.output[0], [])
+        if (axis not in (-1, 3) or not scores.read_once(softmax.output[0]) or users[0].op_type != "MatMul"
+                or users[0].input[0] != softmax.output[0]):
             continue
         found = scores.read(softmax.input[0])
         if found is None:
             continue
         matmul = found[0][0]
         transpose = scores.producers.get(matmul.input[1])
-        if transpose is None or transpose.op_type != "Transpose" or scores.readers[matmul.input[1]] != 1:
+        if transpose is None or transpose.op_type != "Transpose" or not scores.read_once(matmul.input[1]):
             continue
         perm = next((tuple(a.ints) for a in transpose.attribute if a.name == "perm"), ())
         if perm == (0, 1, 3, 2):
@@ -205,26 +209,6 @@ def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list
         cores.append(_Core([softmax, users[0], *found[0], transpose], users[0], query, key, making, value,
                            found[2], found[1]))
     return cores
-
-
-def _in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` sorted so each comes after the producers of its inputs (the shared sums are made where the first
-    layer needs them, before other layers' own inputs exist)."""
-    made = {name for node in nodes for name in node.output}
-    done: set[str] = set()
-    ordered, waiting = [], list(nodes)
-    while waiting:
-        still = []
-        for node in waiting:
-            if all(name in done or name not in made or not name for name in node.input):
-                ordered.append(node)
-                done.update(node.output)
-            else:
-                still.append(node)
-        if len(still) == len(waiting):
-            raise ValueError("the rewritten graph has a cycle")
-        waiting = still
-    return ordered
 
 
 def _heads_and_hidden(config: Any) -> tuple[int, int]:
