@@ -81,14 +81,15 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
     if not _written_cores(model.graph, None):
         return model, 0
+    ranks = activation_ranks(model)  # the converter keeps every tensor's name
+    if not _written_cores(model.graph, ranks):
+        return model, 0
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), ATTENTION_OPSET)
-    try:
-        lifted = model if current >= ATTENTION_OPSET else converted(model, ATTENTION_OPSET)
+    try:  # `model` gives its weights up to the lifted graph, so they are held once
+        lifted = model if current >= ATTENTION_OPSET else converted(model, ATTENTION_OPSET, restore=False)
     except Exception:  # the converter raises bare errors for operators it has no adapter for
         return model, 0
-    cores = _written_cores(lifted.graph, activation_ranks(lifted))
-    if not cores:
-        return model, 0
+    cores = _written_cores(lifted.graph, ranks)
     replaced = {id(node) for core in cores for node in core.nodes}
     by_output = {id(core.output): core for core in cores}
     sums: dict[tuple[str, ...], str] = {}

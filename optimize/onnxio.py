@@ -75,11 +75,13 @@ def needs_external_data(nbytes: int) -> bool:
     return nbytes > EXTERNAL_DATA_BYTES
 
 
-def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto], onnx.ModelProto]) -> onnx.ModelProto:
+def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto], onnx.ModelProto],
+                  restore: bool = True) -> onnx.ModelProto:
     """`transform(model)` with the weights held aside: routines that serialize the whole model (onnx's version
     converter, shape inference) then see the graph alone, which stays far under protobuf's 2 GiB whatever the
     weights weigh. Every initializer over INLINE_BYTES is marked as external data while it runs, and gets its
-    bytes back after, in `model` and in what `transform` returns."""
+    bytes back after, in what `transform` returns and (`restore`, or where `transform` raises) in `model`: without
+    it the weights are held once, not twice, and `model` is left without them."""
     detached: dict[str, bytes] = {}
     for tensor in model.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) > INLINE_BYTES:
@@ -90,7 +92,10 @@ def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto],
             entry.key, entry.value = "location", _DETACHED
     try:
         result = transform(model)
-    finally:
+    except BaseException:
+        _attach(model, detached)
+        raise
+    if restore:
         _attach(model, detached)
     _attach(result, detached)
     return result
@@ -127,13 +132,13 @@ def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+def converted(model: onnx.ModelProto, opset: int, restore: bool = True) -> onnx.ModelProto:
     """`model` at ONNX opset `opset`, by onnx's version converter on the graph alone (it serializes what it is
     given: past 2 GiB of weights it would fail). Raises what the converter raises for an operator it has no
-    adapter for."""
+    adapter for. `restore`: as on_graph_only's."""
     from onnx import version_converter
 
-    return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset))
+    return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset), restore)
 
 
 def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
