@@ -8,7 +8,7 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.onnxio import activation_ranks, converted, save_model
+from optimize.onnxio import ATTENTION_OPSET, activation_ranks, converted, save_model
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -65,9 +65,6 @@ def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return split
-
-
-ATTENTION_OPSET = 23  # ONNX's own Attention operator
 
 
 def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -17,6 +17,7 @@ from onnx import helper
 EXTERNAL_DATA_BYTES = 1 << 30
 INLINE_BYTES = 1024  # constants this small stay in the graph: shape inference reads shapes and split sizes there
 _DETACHED = "detached"  # the location of an initializer whose bytes are held aside, never a file
+ATTENTION_OPSET = 23  # the first opset with ONNX's own Attention operator
 
 
 def data_file(path: Path) -> Path:

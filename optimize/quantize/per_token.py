@@ -33,12 +33,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from optimize.calibrate import Bounds, peaks
-from optimize.onnxio import activation_ranks, converted, save_model
+from optimize.onnxio import ATTENTION_OPSET, activation_ranks, converted, save_model
 from optimize.quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
-ATTENTION_OPSET = 23  # ONNX's Attention; below it (a graph the converter cannot lift) MultiHeadAttention
 GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 GELU_FLOOR = 0.17  # GELU(x) >= -0.1700 for every x
 # A GELU output's zero point: codes 0-15 hold [floor, 0), 16-255 the rest of the row. An integer zero point keeps
@@ -199,6 +198,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
     new_nodes: list[onnx.NodeProto] = []
     zero_points = _ZeroPoints(graph, new_nodes)
+    # below ONNX's Attention (a graph the converter cannot lift): MultiHeadAttention
     mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
     # shared zero points take [batch, sequence] from the first input's leading dims
     leading = len(graph.input[0].type.tensor_type.shape.dim)
