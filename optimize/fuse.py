@@ -8,7 +8,7 @@ from typing import Any
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.onnxio import ATTENTION_OPSET, activation_ranks, converted, save_model
+from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -72,22 +72,24 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     size] (a relative position bias, rotary Q and K), as ONNX's Attention: one kernel instead of two MatMuls, the
     scale, the Adds and the Softmax. Terms every layer adds alike (a position bias and the padding mask) are summed
     once; the answers are bit-identical where the scale is a power of two and the terms past the first are such a
-    mask (0 or the lowest float). The model as it was, and 0, where no attention is written out so, or the graph
-    cannot be lifted to opset 23."""
+    mask (0 or the lowest float). Where Q, K and V are projections split into heads and the output is merged back,
+    Attention takes and answers the merged [batch, sequence, heads x size] tensors, and the Reshapes and Transposes
+    go. The model as it was, and 0, where no attention is written out so, or the graph cannot be lifted to opset
+    23."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     if not _written_cores(model.graph, None):
         return model, 0
-    ranks = activation_ranks(model)  # the converter keeps every tensor's name
-    if not _written_cores(model.graph, ranks):
+    shapes = activation_shapes(model)  # the converter keeps every tensor's name
+    if not _written_cores(model.graph, shapes):
         return model, 0
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), ATTENTION_OPSET)
     try:  # `model` gives its weights up to the lifted graph, so they are held once
         lifted = model if current >= ATTENTION_OPSET else converted(model, ATTENTION_OPSET, restore=False)
     except Exception:  # the converter raises bare errors for operators it has no adapter for
         return model, 0
-    cores = _written_cores(lifted.graph, ranks)
-    replaced = {id(node) for core in cores for node in core.nodes}
+    cores = _written_cores(lifted.graph, shapes)
+    replaced = {id(node) for core in cores for node in core.nodes + (core.flat.nodes if core.flat else [])}
     by_output = {id(core.output): core for core in cores}
     sums: dict[tuple[str, ...], str] = {}
     nodes: list[onnx.NodeProto] = []
@@ -108,11 +110,18 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                     total = name
                 sums[key] = total
             inputs.append(sums[key])
-        nodes += core.making_key
-        nodes.append(helper.make_node("Attention", inputs, [node.output[0]],
-                                      name=f"{node.name or node.output[0]}/Attention", scale=core.scale))
+        name = f"{node.name or node.output[0]}/Attention"
+        if core.flat is None:
+            nodes += core.making_key
+            nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=name, scale=core.scale))
+        else:
+            flat = core.flat
+            nodes.append(helper.make_node("Attention", [flat.query, flat.key, flat.value, *inputs[3:]],
+                                          [flat.output], name=name, scale=core.scale, q_num_heads=flat.heads,
+                                          kv_num_heads=flat.heads))
     del lifted.graph.node[:]
     lifted.graph.node.extend(nodes)
+    OnnxModel(lifted).prune_graph(allow_remove_graph_inputs=False)  # what computed the Reshapes' target shapes
     # the shared sums go where the first layer needs them, before other layers' own inputs exist
     OnnxModel.graph_topological_sort(lifted.graph)
     return lifted, len(cores)
@@ -128,6 +137,19 @@ class _Core:
     value: str
     scale: float
     terms: list[str]
+    flat: _Flat | None = None
+
+
+@dataclass
+class _Flat:
+    """Q, K and V as the [batch, sequence, heads x size] projections they were split from, and the tensor the
+    output is merged into: what Attention reads and writes in place of the 4-d ones."""
+    query: str
+    key: str
+    value: str
+    heads: int
+    output: str
+    nodes: list[onnx.NodeProto]  # the Reshapes and Transposes between them and the attention
 
 
 class _Scores:
@@ -173,9 +195,9 @@ class _Scores:
         return None
 
 
-def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list[_Core]:
-    """Each Softmax between Q K^T and its product with V; `ranks`: only those whose Q, K and V are known to be of
-    rank 4 (None: any, to see whether there are candidates at all)."""
+def _written_cores(graph: onnx.GraphProto, shapes: dict[str, list[int | str | None]] | None) -> list[_Core]:
+    """Each Softmax between Q K^T and its product with V; `shapes`: only those whose Q, K and V are known to be
+    of rank 4 (None: any, to see whether there are candidates at all)."""
     scores = _Scores(graph)
     cores = []
     for softmax in graph.node:
@@ -193,7 +215,7 @@ def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list
         transpose = scores.producers.get(matmul.input[1])
         if transpose is None or transpose.op_type != "Transpose" or not scores.read_once(matmul.input[1]):
             continue
-        perm = next((tuple(a.ints) for a in transpose.attribute if a.name == "perm"), ())
+        perm = _perm(transpose)
         if perm == (0, 1, 3, 2):
             key, making = transpose.input[0], []
         elif perm == (0, 2, 3, 1):
@@ -202,11 +224,63 @@ def _written_cores(graph: onnx.GraphProto, ranks: dict[str, int] | None) -> list
         else:
             continue
         query, value = matmul.input[0], users[0].input[1]
-        if ranks is not None and any(ranks.get(name) != 4 for name in (query, matmul.input[1], value)):
+        if shapes is not None and any(len(shapes.get(name, ())) != 4 for name in (query, matmul.input[1], value)):
             continue
-        cores.append(_Core([softmax, users[0], *found[0], transpose], users[0], query, key, making, value,
-                           found[2], found[1]))
+        core = _Core([softmax, users[0], *found[0], transpose], users[0], query, key, making, value, found[2],
+                     found[1])
+        if shapes is not None:
+            core.flat = _flat(core, transpose, perm, scores, shapes)
+        cores.append(core)
     return cores
+
+
+def _flat(core: _Core, transpose: onnx.NodeProto, perm: tuple[int, ...], scores: _Scores,
+          shapes: dict[str, list[int | str | None]]) -> _Flat | None:
+    """The merged form of `core`, where each of Q, K and V is Transpose(Reshape(x)) of a [batch, sequence, hidden]
+    x split into heads, and the output goes only through the inverse Transpose and Reshape; None elsewhere."""
+    def split(tensor: str, order: tuple[int, ...]) -> tuple[str, int, list[onnx.NodeProto]] | None:
+        turn = scores.producers.get(tensor)
+        if turn is None or turn.op_type != "Transpose" or _perm(turn) != order or not scores.read_once(tensor):
+            return None
+        reshape = scores.producers.get(turn.input[0])
+        if reshape is None or reshape.op_type != "Reshape" or not scores.read_once(turn.input[0]):
+            return None
+        heads = _heads_split(shapes.get(reshape.input[0]), shapes.get(reshape.output[0]))
+        return None if heads is None else (reshape.input[0], heads, [turn, reshape])
+
+    query = split(core.query, (0, 2, 1, 3))
+    # K^T straight from the split projection, or K^T = Transpose(K) of a split K
+    key = (split(transpose.output[0], (0, 2, 3, 1)) if perm == (0, 2, 3, 1)
+           else split(transpose.input[0], (0, 2, 1, 3)))
+    value = split(core.value, (0, 2, 1, 3))
+    if query is None or key is None or value is None or not scores.read_once(core.output.output[0]):
+        return None
+    (turn,) = scores.consumers[core.output.output[0]]
+    if turn.op_type != "Transpose" or _perm(turn) != (0, 2, 1, 3) or not scores.read_once(turn.output[0]):
+        return None
+    (merge,) = scores.consumers[turn.output[0]]
+    if merge.op_type != "Reshape":
+        return None
+    heads = {query[1], key[1], value[1], _heads_split(shapes.get(merge.output[0]), shapes.get(turn.output[0]))}
+    if len(heads) != 1 or None in heads:
+        return None
+    return _Flat(query[0], key[0], value[0], query[1], merge.output[0],
+                 [*query[2], *key[2], *value[2], turn, merge])
+
+
+def _heads_split(merged: list[int | str | None] | None, split: list[int | str | None] | None) -> int | None:
+    """h, where `split` is [batch, sequence, h, size] and `merged` [batch, sequence, h x size]."""
+    if merged is None or split is None or len(merged) != 3 or len(split) != 4:
+        return None
+    batch, sequence, heads, size = split
+    if (None in (batch, sequence) or [batch, sequence] != merged[:2] or not isinstance(heads, int)
+            or not isinstance(size, int) or merged[2] != heads * size):
+        return None
+    return heads
+
+
+def _perm(node: onnx.NodeProto) -> tuple[int, ...]:
+    return next((tuple(a.ints) for a in node.attribute if a.name == "perm"), ())
 
 
 def _heads_and_hidden(config: Any) -> tuple[int, int]:

@@ -142,12 +142,18 @@ def converted(model: onnx.ModelProto, opset: int, restore: bool = True) -> onnx.
     return on_graph_only(model, lambda graph: version_converter.convert_version(graph, opset), restore)
 
 
-def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Rank of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators); {} where it
-    cannot run."""
+def activation_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
+    """Shape of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators): each
+    dimension a number, a symbol (alike in every tensor of that size) or None; {} where the tool cannot run."""
     try:
         inferred = on_graph_only(model, shapes_inferred)
     except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
         return {}
-    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
-            if v.type.tensor_type.HasField("shape")}
+    return {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                     for d in v.type.tensor_type.shape.dim]
+            for v in [*inferred.graph.input, *inferred.graph.value_info] if v.type.tensor_type.HasField("shape")}
+
+
+def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Rank of every tensor symbolic shape inference can name; {} where it cannot run."""
+    return {name: len(shape) for name, shape in activation_shapes(model).items()}

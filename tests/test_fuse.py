@@ -64,7 +64,7 @@ HEADS, SIZE = 2, 4
 WIDTH = HEADS * SIZE
 
 
-def _written_attention_graph(softmax_read_twice: bool = False) -> onnx.ModelProto:
+def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice: bool = False) -> onnx.ModelProto:
     """Two layers of attention as an export writes it out: the first as MPNet (K^T from [batch, sequence, heads,
     size], scores divided by 8), the second as a rotary family (K^T from [batch, heads, sequence, size], scores
     multiplied by 1/8); both add the same position bias and padding mask."""
@@ -101,6 +101,8 @@ def _written_attention_graph(softmax_read_twice: bool = False) -> onnx.ModelProt
     outputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["b", "s", WIDTH])]
     if softmax_read_twice:
         outputs.append(helper.make_tensor_value_info("layer1/probs", TensorProto.FLOAT, None))
+    if split_read_twice:
+        outputs.append(helper.make_tensor_value_info("layer0/v4", TensorProto.FLOAT, None))
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", WIDTH]),
               helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, HEADS, "s", "s"]),
               helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"])]
@@ -129,7 +131,25 @@ def test_written_out_attention_becomes_onnx_attention_with_the_same_answers():
     ops = [node.op_type for node in rewritten.graph.node]
     assert ops.count("Attention") == 2 and "Softmax" not in ops and "Div" not in ops
     assert ops.count("Add") == 1  # the position bias and the mask, summed once for both layers
+    # each reads the projections as they come, [batch, sequence, heads x size], and answers the merged tensor
+    assert not {"Reshape", "Transpose"} & set(ops)
+    for layer, node in enumerate(n for n in rewritten.graph.node if n.op_type == "Attention"):
+        assert list(node.input[:3]) == [f"layer{layer}/{part}" for part in "qkv"]
+        assert node.output[0] == f"layer{layer}/out"
+        assert {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT} == {
+            "q_num_heads": HEADS, "kv_num_heads": HEADS}
     np.testing.assert_array_equal(_answers(rewritten)[0], _answers(model)[0])
+
+
+def test_attention_whose_split_projection_is_read_elsewhere_keeps_the_split_form():
+    model = _written_attention_graph(split_read_twice=True)
+    rewritten, count = written_attention(model)
+    assert count == 2
+    first, second = (n for n in rewritten.graph.node if n.op_type == "Attention")
+    assert first.input[2] == "layer0/vt" and [a.name for a in first.attribute] == ["scale"]
+    assert second.input[2] == "layer1/v"
+    for have, want in zip(_answers(rewritten), _answers(model)):
+        np.testing.assert_array_equal(have, want)
 
 
 def test_attention_whose_probabilities_are_read_elsewhere_stays_written_out():
