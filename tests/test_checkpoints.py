@@ -8,11 +8,13 @@ failed (held-out cosine_min 0.949 with every node INT8), and where nearest-code 
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import onnx
 import pytest
 
 from infinity.hostinfo import cpu_flags
@@ -102,6 +104,10 @@ def test_the_optimizer_stops_at_every_node_int8_and_it_is_faithful_alone_and_bat
     assert manifest.optimization.fusion["SkipLayerNormalization"] >= 12
     assert manifest.optimization.fusion["Attention"] == 12 and not manifest.optimization.fusion_gaps  # written out
     assert manifest.task.pooling == "mean" and manifest.task.normalize
+    graph = onnx.load(str(mpnet[1] / manifest.model.file), load_external_data=False).graph
+    ops = Counter(node.op_type for node in graph.node)
+    # the attentions read Q, K and V as projected, and every per-row input shares one zero point
+    assert ops["Attention"] == 12 and ops["Reshape"] + ops["Transpose"] <= 3 and ops["Expand"] <= 3, ops
 
 
 def test_the_server_answers_what_the_original_does_and_the_same_in_any_batch(mpnet, tmp_path):

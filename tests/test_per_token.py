@@ -260,3 +260,37 @@ def test_shape_inference_that_stops_incomplete_leaves_no_file_behind(tmp_path, m
     monkeypatch.chdir(tmp_path)
     assert activation_ranks(model) == {}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_written_attentions_context_is_smoothed_in_its_value_projection_and_its_rows_share_zero_points(tmp_path):
+    """ONNX's Attention over merged projections (the fusion's rewrite of a written-out attention): dividing V's
+    output columns divides the context's channels, so smoothing the context costs no Mul; and shape inference
+    follows the graph past the attention, so the context's per-row prologue takes the shared zero point."""
+    from optimize.fuse import written_attention
+    from tests.test_fuse import _feeds, _written_attention_graph
+
+    model, count = written_attention(_written_attention_graph())
+    assert count == 2
+    for index, node in enumerate(model.graph.node):  # as an export names them: the INT8 nodes are named after them
+        node.name = node.name or f"{node.op_type}_{index}"
+    path = tmp_path / "written.onnx"
+    onnx.save(model, str(path))
+    rng = np.random.default_rng(2)
+    calibration = []
+    for _ in range(3):
+        feeds = {**_feeds(), "x": rng.normal(0, 1, (3, 6, 8)).astype(np.float32)}
+        calibration.append({**feeds, "attention_mask": (feeds["mask"][:, 0, 0] == 0).astype(np.int64)})
+    bounds = activation_bounds(path, per_token_candidates(path), calibration)
+    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
+    quantized = onnx.load(str(tmp_path / "pt.onnx"))
+    assert len(record.quantized) == 6 and record.smoothed_inputs == 2 and record.smoothing_folded == 1
+    assert not [n for n in quantized.graph.node if n.op_type == "Mul" and "layer0/out" in n.input]
+    assert prologue_ops(quantized)["QuantizeLinear"] == 2 and "Expand" not in prologue_ops(quantized)
+
+    feeds = _feeds()
+    want = run(path, feeds)
+    have = run(tmp_path / "pt.onnx", feeds)
+    assert np.abs(have - want).mean() < 0.02 * np.abs(want).mean()
+    for row in range(len(feeds["x"])):
+        alone = run(tmp_path / "pt.onnx", {**feeds, "x": feeds["x"][row:row + 1], "mask": feeds["mask"][row:row + 1]})
+        assert np.array_equal(alone[0], have[row]), row

@@ -4,9 +4,9 @@ Dynamic INT8 as onnxruntime writes it quantizes a whole padded batch with one sc
 long ones is quantized more coarsely, and its vector changes with whoever else was asking. Here each MatMul input
 is quantized per token (symmetric, the row's max |x| -> 127, stored as u8 around 128, the fast u8 x s8 path), the
 weights per output column, and activation outliers are first migrated into the weights (SmoothQuant): the input is
-divided per channel by s and the weight rows multiplied by s. Where the input comes only from a fused Attention,
-1/s is folded into that attention's value projection, so smoothing costs no operator; elsewhere it is one Mul
-shared by every MatMul reading that input.
+divided per channel by s and the weight rows multiplied by s. Where the input is an attention's output and nothing
+else reads it, 1/s is folded into that attention's value projection (its output columns and bias), so smoothing
+costs no operator; elsewhere it is one Mul shared by every MatMul reading that input.
 
 Rows that something already bounds need no scale of their own: a LayerNorm's output (every row normalized) and an
 attention's output (every row a weighted mean of value rows). With `calibrated_roles`, such inputs get one scale and
@@ -167,12 +167,19 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
             record.smoothed_inputs += 1
             source = producers.get(tensor)
             only_ours = all(c in nodes for c in consumers[tensor])
+            # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
+            value = _value_projection(source, producers, consumers, weights) if only_ours else None
             if (source is not None and source.op_type == "Attention" and source.name in chosen_names and only_ours
                     and source.name in biases):
-                # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
                 hidden = scale.shape[0]
                 float_weights[source.name][:, 2 * hidden:] /= scale[None, :]
                 biases[source.name][2 * hidden:] /= scale
+                record.smoothing_folded += 1
+            elif value is not None and value[0].name in float_weights:
+                float_weights[value[0].name] = float_weights[value[0].name] / scale[None, :]
+                if value[1] is not None:
+                    bias = numpy_helper.to_array(weights[value[1]]).astype(np.float32)
+                    weights[value[1]].CopyFrom(numpy_helper.from_array(bias / scale, value[1]))
                 record.smoothing_folded += 1
             else:
                 name = f"{tensor}/smooth"
@@ -519,6 +526,30 @@ def _take_bias(output: str, consumers: dict[str, list[onnx.NodeProto]], weights:
         del user.input[1:]
         return bias, output, ""
     return bias, user.output[0], user.name
+
+
+def _value_projection(attention: onnx.NodeProto | None, producers: dict[str, onnx.NodeProto],
+                      consumers: dict[str, list[onnx.NodeProto]], weights: dict[str, onnx.TensorProto]
+                      ) -> tuple[onnx.NodeProto, str | None] | None:
+    """(the MatMul, its bias constant or None) that alone makes V of ONNX's Attention over [batch, sequence, heads x
+    size], where V feeds nothing else; None elsewhere."""
+    if (attention is None or attention.op_type != "Attention" or attention.domain not in ("", "ai.onnx")
+            or not any(a.name == "q_num_heads" for a in attention.attribute)):
+        return None
+    value = attention.input[2]
+    node, bias = producers.get(value), None
+    if len(consumers.get(value, [])) != 1 or node is None:
+        return None
+    if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+        inner = [name for name in node.input if name not in weights]
+        bias = next((name for name in node.input if name in weights), None)
+        if len(inner) != 1 or bias is None or len(consumers.get(bias, [])) != 1 or len(consumers[inner[0]]) != 1:
+            return None
+        node = producers.get(inner[0])
+    weight = None if node is None or node.op_type != "MatMul" else _weight(node, weights)
+    if node is None or weight is None or (bias is not None and list(weights[bias].dims) != [weight.dims[1]]):
+        return None
+    return node, bias
 
 
 def _fold_bias(output: str, addend: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
