@@ -89,7 +89,7 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     except Exception:  # the converter raises bare errors for operators it has no adapter for
         return model, 0
     cores = _written_cores(lifted.graph, shapes)
-    replaced = {id(node) for core in cores for node in core.nodes + (core.flat.nodes if core.flat else [])}
+    replaced = {id(node) for core in cores for node in core.nodes + (core.merged.nodes if core.merged else [])}
     by_output = {id(core.output): core for core in cores}
     sums: dict[tuple[str, ...], str] = {}
     nodes: list[onnx.NodeProto] = []
@@ -111,14 +111,14 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 sums[key] = total
             inputs.append(sums[key])
         name = f"{node.name or node.output[0]}/Attention"
-        if core.flat is None:
+        if core.merged is None:
             nodes += core.making_key
             nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=name, scale=core.scale))
         else:
-            flat = core.flat
-            nodes.append(helper.make_node("Attention", [flat.query, flat.key, flat.value, *inputs[3:]],
-                                          [flat.output], name=name, scale=core.scale, q_num_heads=flat.heads,
-                                          kv_num_heads=flat.heads))
+            merged = core.merged
+            nodes.append(helper.make_node("Attention", [merged.query, merged.key, merged.value, *inputs[3:]],
+                                          [merged.output], name=name, scale=core.scale, q_num_heads=merged.heads,
+                                          kv_num_heads=merged.heads))
     del lifted.graph.node[:]
     lifted.graph.node.extend(nodes)
     OnnxModel(lifted).prune_graph(allow_remove_graph_inputs=False)  # what computed the Reshapes' target shapes
@@ -137,11 +137,11 @@ class _Core:
     value: str
     scale: float
     terms: list[str]
-    flat: _Flat | None = None
+    merged: _Merged | None = None
 
 
 @dataclass
-class _Flat:
+class _Merged:
     """Q, K and V as the [batch, sequence, heads x size] projections they were split from, and the tensor the
     output is merged into: what Attention reads and writes in place of the 4-d ones."""
     query: str
@@ -229,13 +229,13 @@ def _written_cores(graph: onnx.GraphProto, shapes: dict[str, list[int | str | No
         core = _Core([softmax, users[0], *found[0], transpose], users[0], query, key, making, value, found[2],
                      found[1])
         if shapes is not None:
-            core.flat = _flat(core, transpose, perm, scores, shapes)
+            core.merged = _merged(core, transpose, perm, scores, shapes)
         cores.append(core)
     return cores
 
 
-def _flat(core: _Core, transpose: onnx.NodeProto, perm: tuple[int, ...], scores: _Scores,
-          shapes: dict[str, list[int | str | None]]) -> _Flat | None:
+def _merged(core: _Core, transpose: onnx.NodeProto, perm: tuple[int, ...], scores: _Scores,
+          shapes: dict[str, list[int | str | None]]) -> _Merged | None:
     """The merged form of `core`, where each of Q, K and V is Transpose(Reshape(x)) of a [batch, sequence, hidden]
     x split into heads, and the output goes only through the inverse Transpose and Reshape; None elsewhere."""
     def split(tensor: str, order: tuple[int, ...]) -> tuple[str, int, list[onnx.NodeProto]] | None:
@@ -264,7 +264,7 @@ def _flat(core: _Core, transpose: onnx.NodeProto, perm: tuple[int, ...], scores:
     heads = {query[1], key[1], value[1], _heads_split(shapes.get(merge.output[0]), shapes.get(turn.output[0]))}
     if len(heads) != 1 or None in heads:
         return None
-    return _Flat(query[0], key[0], value[0], query[1], merge.output[0],
+    return _Merged(query[0], key[0], value[0], query[1], merge.output[0],
                  [*query[2], *key[2], *value[2], turn, merge])
 
 
