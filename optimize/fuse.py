@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -72,10 +73,10 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     size] (a relative position bias, rotary Q and K), as ONNX's Attention: one kernel instead of two MatMuls, the
     scale, the Adds and the Softmax. Terms every layer adds alike (a position bias and the padding mask) are summed
     once; the answers are bit-identical where the scale is a power of two and the terms past the first are such a
-    mask (0 or the lowest float). Where Q, K and V are projections split into heads and the output is merged back,
-    Attention takes and answers the merged [batch, sequence, heads x size] tensors, and the Reshapes and Transposes
-    go. The model as it was, and 0, where no attention is written out so, or the graph cannot be lifted to opset
-    23."""
+    mask (0 or the lowest float). Where Q, K and V are projections split into heads (a rotary embedding after the
+    split is moved before its transpose) and the output is merged back, Attention takes and answers the merged
+    [batch, sequence, heads x size] tensors, and the Reshapes and Transposes go. The model as it was, and 0, where
+    no attention is written out so, or the graph cannot be lifted to opset 23."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     if not _written_cores(model.graph, None):
@@ -90,6 +91,11 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     cores = _written_cores(lifted.graph, shapes)
     replaced = {id(node) for core in cores for node in core.nodes + (core.merged.nodes if core.merged else [])}
+    added: dict[str, onnx.NodeProto] = {}  # by output: a cos/sin both Q and K of a layer read is turned once
+    for merged in (core.merged for core in cores if core.merged is not None):
+        for node, index, name in merged.edits:
+            node.input[index] = name
+        added.update((node.output[0], node) for node in merged.added)
     by_output = {id(core.output): core for core in cores}
     sums: dict[tuple[str, ...], str] = {}
     nodes: list[onnx.NodeProto] = []
@@ -120,7 +126,7 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                                           [merged.output], name=name, scale=core.scale, q_num_heads=merged.heads,
                                           kv_num_heads=merged.heads))
     del lifted.graph.node[:]
-    lifted.graph.node.extend(nodes)
+    lifted.graph.node.extend([*nodes, *added.values()])
     OnnxModel(lifted).prune_graph(allow_remove_graph_inputs=False)  # what computed the Reshapes' target shapes
     # the shared sums go where the first layer needs them, before other layers' own inputs exist
     OnnxModel.graph_topological_sort(lifted.graph)
@@ -150,6 +156,10 @@ class _Merged:
     heads: int
     output: str
     nodes: list[onnx.NodeProto]  # the Reshapes and Transposes between them and the attention
+    # a rotary embedding turned before the split instead of after: (node, input index, tensor it reads now), and
+    # the nodes that transpose its cos/sin and merge its output
+    edits: list[tuple[onnx.NodeProto, int, str]] = field(default_factory=list)
+    added: list[onnx.NodeProto] = field(default_factory=list)
 
 
 class _Scores:
@@ -162,11 +172,22 @@ class _Scores:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node)
         self.outputs = {o.name for o in graph.output}
+        self.initializers = {init.name: init for init in graph.initializer}
         self.constants = {init.name: float(numpy_helper.to_array(init)) for init in graph.initializer
                           if not init.dims and init.data_type == onnx.TensorProto.FLOAT}
         self.constants.update({n.output[0]: float(numpy_helper.to_array(n.attribute[0].t)) for n in graph.node
                                if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
                                and not n.attribute[0].t.dims and n.attribute[0].t.data_type == onnx.TensorProto.FLOAT})
+
+    def ints(self, tensor: str) -> list[int] | None:
+        """The values of an integer constant (an initializer or a Constant node), None for anything else."""
+        value = self.initializers.get(tensor)
+        node = self.producers.get(tensor)
+        if value is None and node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+            value = node.attribute[0].t
+        if value is None or value.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            return None
+        return [int(v) for v in numpy_helper.to_array(value).reshape(-1)]
 
     def read_once(self, tensor: str) -> bool:
         """Only one node reads `tensor`, and the graph does not answer it."""
@@ -236,36 +257,137 @@ def _written_cores(graph: onnx.GraphProto, shapes: dict[str, list[int | str | No
 
 def _merged(core: _Core, transpose: onnx.NodeProto, perm: tuple[int, ...], scores: _Scores,
           shapes: dict[str, list[int | str | None]]) -> _Merged | None:
-    """The merged form of `core`, where each of Q, K and V is Transpose(Reshape(x)) of a [batch, sequence, hidden]
-    x split into heads, and the output goes only through the inverse Transpose and Reshape; None elsewhere."""
+    """The merged form of `core`, where each of Q, K and V is a [batch, sequence, heads, size] tensor transposed to
+    heads first (maybe then rotated), and the output goes only through the inverse Transpose and a Reshape; None
+    elsewhere."""
+    edits: list[tuple[onnx.NodeProto, int, str]] = []
+    added: list[onnx.NodeProto] = []
+
+    def merge(tensor: str, heads: int, size: int) -> str:
+        shape = f"written_attention/merged_shape/{heads * size}"
+        added.append(helper.make_node("Constant", [], [shape], name=shape, value=numpy_helper.from_array(
+            np.array([0, 0, heads * size], np.int64))))
+        added.append(helper.make_node("Reshape", [tensor, shape], [f"{tensor}/merged"], name=f"{tensor}/merged"))
+        return f"{tensor}/merged"
+
     def split(tensor: str, order: tuple[int, ...]) -> tuple[str, int, list[onnx.NodeProto]] | None:
         turn = scores.producers.get(tensor)
         if turn is None or turn.op_type != "Transpose" or _perm(turn) != order or not scores.read_once(tensor):
             return None
-        reshape = scores.producers.get(turn.input[0])
-        if reshape is None or reshape.op_type != "Reshape" or not scores.read_once(turn.input[0]):
+        heads = _heads(shapes.get(turn.input[0]))
+        if heads is None:
             return None
-        heads = _heads_split(shapes.get(reshape.input[0]), shapes.get(reshape.output[0]))
-        return None if heads is None else (reshape.input[0], heads, [turn, reshape])
+        reshape = scores.producers.get(turn.input[0])
+        if (reshape is not None and reshape.op_type == "Reshape" and scores.read_once(turn.input[0])
+                and _heads_split(shapes.get(reshape.input[0]), shapes.get(reshape.output[0])) == heads[0]):
+            return reshape.input[0], heads[0], [turn, reshape]  # the projection as it came
+        return merge(turn.input[0], *heads), heads[0], [turn]
 
-    query = split(core.query, (0, 2, 1, 3))
-    # K^T straight from the split projection, or K^T = Transpose(K) of a split K
-    key = (split(transpose.output[0], (0, 2, 3, 1)) if perm == (0, 2, 3, 1)
-           else split(transpose.input[0], (0, 2, 1, 3)))
+    def rotated(tensor: str) -> tuple[str, int, list[onnx.NodeProto]] | None:
+        found = split(tensor, (0, 2, 1, 3))
+        if found is not None or not scores.read_once(tensor):
+            return found
+        rotation = _rotation(tensor, scores, shapes)
+        if rotation is None:
+            return None
+        turn, heads, rotation_edits, operands = rotation
+        edits.extend(rotation_edits)
+        added.extend(helper.make_node("Transpose", [operand], [f"{operand}/turned"], name=f"{operand}/turned",
+                                      perm=[0, 2, 1, 3]) for operand in operands)
+        return merge(tensor, *heads), heads[0], [turn]
+
+    query = rotated(core.query)
+    # K^T straight from the split projection, or K^T = Transpose(K) of a split (and maybe rotated) K
+    key = (split(transpose.output[0], (0, 2, 3, 1)) if perm == (0, 2, 3, 1) else rotated(transpose.input[0]))
     value = split(core.value, (0, 2, 1, 3))
     if query is None or key is None or value is None or not scores.read_once(core.output.output[0]):
         return None
     (turn,) = scores.consumers[core.output.output[0]]
     if turn.op_type != "Transpose" or _perm(turn) != (0, 2, 1, 3) or not scores.read_once(turn.output[0]):
         return None
-    (merge,) = scores.consumers[turn.output[0]]
-    if merge.op_type != "Reshape":
+    (merge_back,) = scores.consumers[turn.output[0]]
+    if merge_back.op_type != "Reshape":
         return None
-    heads = {query[1], key[1], value[1], _heads_split(shapes.get(merge.output[0]), shapes.get(turn.output[0]))}
+    heads = {query[1], key[1], value[1], _heads_split(shapes.get(merge_back.output[0]), shapes.get(turn.output[0]))}
     if len(heads) != 1 or None in heads:
         return None
-    return _Merged(query[0], key[0], value[0], query[1], merge.output[0],
-                 [*query[2], *key[2], *value[2], turn, merge])
+    return _Merged(query[0], key[0], value[0], query[1], merge_back.output[0],
+                   [*query[2], *key[2], *value[2], turn, merge_back], edits, added)
+
+
+def _heads(split: list[int | str | None] | None) -> tuple[int, int] | None:
+    """(heads, size) of a [batch, sequence, heads, size] tensor whose last two sizes are numbers."""
+    if split is None or len(split) != 4 or not isinstance(split[2], int) or not isinstance(split[3], int):
+        return None
+    return split[2], split[3]
+
+
+ROTATION_OPS = ("Add", "Sub", "Mul", "Neg", "Slice", "Concat")
+
+
+def _rotation(tensor: str, scores: _Scores, shapes: dict[str, list[int | str | None]]
+              ) -> tuple[onnx.NodeProto, tuple[int, int], list[tuple[onnx.NodeProto, int, str]], list[str]] | None:
+    """A rotary embedding between t = Transpose(x, (0, 2, 1, 3)) of a [batch, sequence, heads, size] x and
+    `tensor`: elementwise operators and Slices and Concats on the last axis, so it turns t's rows alike in either
+    layout and can read x instead, its rank-4 cos and sin transposed the same way. (t's Transpose, (heads, size),
+    the input edits that do it, the operands to transpose); None where anything else is in between."""
+    region: dict[int, onnx.NodeProto] = {}
+    found: list[onnx.NodeProto] = []  # the split's Transpose
+    operands: dict[tuple[int, int], str] = {}  # (node, input index) -> an operand from outside, of rank 4
+
+    def reaches(name: str) -> bool:
+        node = scores.producers.get(name)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type == "Transpose" and _perm(node) == (0, 2, 1, 3):
+            found.append(node)
+            return True
+        if node.op_type not in ROTATION_OPS:
+            return False
+        if node.op_type == "Slice" and (len(node.input) < 4 or scores.ints(node.input[3]) not in ([3], [-1])):
+            return False
+        if node.op_type == "Concat" and next((a.i for a in node.attribute if a.name == "axis"), None) not in (3, -1):
+            return False
+        data = list(node.input[:1]) if node.op_type == "Slice" else list(node.input)
+        inner = [reaches(name) for name in data]
+        if not any(inner):
+            return False
+        for index, (name, inside) in enumerate(zip(data, inner)):
+            if not inside:
+                rank = len(shapes.get(name, [None] * 9))
+                if rank == 4:
+                    operands[(id(node), index)] = name
+                elif rank > 1:
+                    return False
+        region[id(node)] = node
+        return True
+
+    if not reaches(tensor) or len({id(node) for node in found}) != 1:
+        return None
+    turn = found[0]
+    split = turn.input[0]
+    heads = _heads(shapes.get(split))
+    if heads is None:
+        return None
+    # every value inside is read only inside, but for `tensor`; t also by Shapes whose size is read at index 3
+    edits: list[tuple[onnx.NodeProto, int, str]] = []
+    for node in region.values():
+        for out in node.output:
+            if out != tensor and (out in scores.outputs or any(
+                    id(user) not in region for user in scores.consumers.get(out, []))):
+                return None
+    for user in scores.consumers.get(turn.output[0], []):
+        if id(user) in region:
+            edits += [(user, index, split) for index, name in enumerate(user.input) if name == turn.output[0]]
+        elif user.op_type == "Shape" and all(
+                gather.op_type == "Gather" and scores.ints(gather.input[1]) in ([3], [-1])
+                for gather in scores.consumers.get(user.output[0], [])):
+            edits.append((user, 0, split))
+        else:
+            return None
+    for (node_id, index), name in operands.items():
+        edits.append((region[node_id], index, f"{name}/turned"))
+    return turn, heads, edits, sorted(set(operands.values()))
 
 
 def _heads_split(merged: list[int | str | None] | None, split: list[int | str | None] | None) -> int | None:

@@ -66,13 +66,37 @@ WIDTH = HEADS * SIZE
 
 def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice: bool = False) -> onnx.ModelProto:
     """Two layers of attention as an export writes it out: the first as MPNet (K^T from [batch, sequence, heads,
-    size], scores divided by 8), the second as a rotary family (K^T from [batch, heads, sequence, size], scores
-    multiplied by 1/8); both add the same position bias and padding mask."""
+    size], scores divided by 8), the second as a rotary family (Q and K turned by cos and sin after the split, K^T
+    from [batch, heads, sequence, size], scores multiplied by 1/8); both add the same position bias and padding
+    mask."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array([0, 0, HEADS, SIZE], np.int64), "heads"),
              numpy_helper.from_array(np.array([0, 0, WIDTH], np.int64), "merged"),
-             numpy_helper.from_array(np.array(0.125, np.float32), "eighth")]
+             numpy_helper.from_array(np.array(0.125, np.float32), "eighth"),
+             numpy_helper.from_array(np.array(3, np.int64), "three"),
+             numpy_helper.from_array(np.array(2, np.int64), "two"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([3], np.int64), "last"),
+             numpy_helper.from_array(np.array([2**62], np.int64), "end")]
     nodes = [helper.make_node("Constant", [], ["eight"], value=numpy_helper.from_array(np.array(8.0, np.float32)))]
+
+    def rotate(tensor: str) -> str:
+        """tensor x cos + rotate_half(tensor) x sin, the half read from the tensor's shape, as exports write it."""
+        p = f"{tensor}/rotary"
+        nodes.extend([
+            helper.make_node("Shape", [tensor], [f"{p}/shape"]),
+            helper.make_node("Gather", [f"{p}/shape", "three"], [f"{p}/size"], axis=0),
+            helper.make_node("Div", [f"{p}/size", "two"], [f"{p}/half0"]),
+            helper.make_node("Unsqueeze", [f"{p}/half0", "zero"], [f"{p}/half"]),
+            helper.make_node("Slice", [tensor, f"{p}/half", "end", "last"], [f"{p}/upper"]),
+            helper.make_node("Neg", [f"{p}/upper"], [f"{p}/negated"]),
+            helper.make_node("Slice", [tensor, "zero", f"{p}/half", "last"], [f"{p}/lower"]),
+            helper.make_node("Concat", [f"{p}/negated", f"{p}/lower"], [f"{p}/turned"], axis=-1),
+            helper.make_node("Mul", [tensor, "cos"], [f"{p}/cos"]),
+            helper.make_node("Mul", [f"{p}/turned", "sin"], [f"{p}/sin"]),
+            helper.make_node("Add", [f"{p}/cos", f"{p}/sin"], [f"{tensor}/rotated"])])
+        return f"{tensor}/rotated"
+
     x = "x"
     for layer, k_perm in enumerate(((0, 2, 3, 1), (0, 1, 3, 2))):
         p = f"layer{layer}"
@@ -87,9 +111,10 @@ def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice:
                       helper.make_node("MatMul", [f"{p}/qt", f"{p}/kT"], [f"{p}/scores"]),
                       helper.make_node("Div", [f"{p}/scores", "eight"], [f"{p}/scaled"])]
         else:
-            nodes += [helper.make_node("Transpose", [f"{p}/k4"], [f"{p}/kh"], perm=[0, 2, 1, 3]),
-                      helper.make_node("Transpose", [f"{p}/kh"], [f"{p}/kT"], perm=list(k_perm)),
-                      helper.make_node("MatMul", [f"{p}/qt", f"{p}/kT"], [f"{p}/scores"]),
+            nodes.append(helper.make_node("Transpose", [f"{p}/k4"], [f"{p}/kh"], perm=[0, 2, 1, 3]))
+            query, key = rotate(f"{p}/qt"), rotate(f"{p}/kh")
+            nodes += [helper.make_node("Transpose", [key], [f"{p}/kT"], perm=list(k_perm)),
+                      helper.make_node("MatMul", [query, f"{p}/kT"], [f"{p}/scores"]),
                       helper.make_node("Mul", ["eighth", f"{p}/scores"], [f"{p}/scaled"])]
         nodes += [helper.make_node("Add", [f"{p}/scaled", "bias"], [f"{p}/biased"]),
                   helper.make_node("Add", ["mask", f"{p}/biased"], [f"{p}/masked"]),
@@ -102,10 +127,12 @@ def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice:
     if softmax_read_twice:
         outputs.append(helper.make_tensor_value_info("layer1/probs", TensorProto.FLOAT, None))
     if split_read_twice:
-        outputs.append(helper.make_tensor_value_info("layer0/v4", TensorProto.FLOAT, None))
+        outputs.append(helper.make_tensor_value_info("layer0/vt", TensorProto.FLOAT, None))
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", WIDTH]),
               helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, HEADS, "s", "s"]),
-              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"])]
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"]),
+              helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, 1, "s", SIZE]),
+              helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", SIZE])]
     return helper.make_model(helper.make_graph(nodes, "written", inputs, outputs, inits),
                              opset_imports=[helper.make_opsetid("", 17)])
 
@@ -114,8 +141,10 @@ def _feeds() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
     mask = np.zeros((3, 1, 1, 6), np.float32)
     mask[0, ..., 4:] = np.finfo(np.float32).min  # a padded input
+    angles = rng.uniform(0, 6, (1, 1, 6, SIZE)).astype(np.float32)
     return {"x": rng.normal(0, 1, (3, 6, WIDTH)).astype(np.float32),
-            "bias": rng.normal(0, 1, (1, HEADS, 6, 6)).astype(np.float32), "mask": mask}
+            "bias": rng.normal(0, 1, (1, HEADS, 6, 6)).astype(np.float32), "mask": mask,
+            "cos": np.cos(angles), "sin": np.sin(angles)}
 
 
 def _answers(model: onnx.ModelProto) -> list[np.ndarray]:
@@ -129,19 +158,24 @@ def test_written_out_attention_becomes_onnx_attention_with_the_same_answers():
     assert count == 2
     assert next(o.version for o in rewritten.opset_import if o.domain == "") == 23
     ops = [node.op_type for node in rewritten.graph.node]
-    assert ops.count("Attention") == 2 and "Softmax" not in ops and "Div" not in ops
-    assert ops.count("Add") == 1  # the position bias and the mask, summed once for both layers
-    # each reads the projections as they come, [batch, sequence, heads x size], and answers the merged tensor
-    assert not {"Reshape", "Transpose"} & set(ops)
-    for layer, node in enumerate(n for n in rewritten.graph.node if n.op_type == "Attention"):
-        assert list(node.input[:3]) == [f"layer{layer}/{part}" for part in "qkv"]
+    assert ops.count("Attention") == 2 and "Softmax" not in ops and ops.count("Div") == 2  # the rotations' half sizes
+    # the position bias and the mask, summed once for both layers; the rotations' own two
+    assert ops.count("Add") == 3
+    # each reads the projections as they come, [batch, sequence, heads x size], and answers the merged tensor; the
+    # rotary layer turns Q and K split into heads but not transposed, cos and sin transposed once for both, and
+    # merges them again
+    assert ops.count("Transpose") == 2 and ops.count("Reshape") == 4
+    first, second = (n for n in rewritten.graph.node if n.op_type == "Attention")
+    assert list(first.input[:3]) == ["layer0/q", "layer0/k", "layer0/v"]
+    assert list(second.input[:3]) == ["layer1/qt/rotated/merged", "layer1/kh/rotated/merged", "layer1/v"]
+    for layer, node in enumerate((first, second)):
         assert node.output[0] == f"layer{layer}/out"
         assert {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT} == {
             "q_num_heads": HEADS, "kv_num_heads": HEADS}
     np.testing.assert_array_equal(_answers(rewritten)[0], _answers(model)[0])
 
 
-def test_attention_whose_split_projection_is_read_elsewhere_keeps_the_split_form():
+def test_attention_whose_heads_first_value_is_read_elsewhere_keeps_the_split_form():
     model = _written_attention_graph(split_read_twice=True)
     rewritten, count = written_attention(model)
     assert count == 2
