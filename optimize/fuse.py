@@ -173,21 +173,33 @@ class _Scores:
                 self.consumers.setdefault(name, []).append(node)
         self.outputs = {o.name for o in graph.output}
         self.initializers = {init.name: init for init in graph.initializer}
-        self.constants = {init.name: float(numpy_helper.to_array(init)) for init in graph.initializer
-                          if not init.dims and init.data_type == onnx.TensorProto.FLOAT}
-        self.constants.update({n.output[0]: float(numpy_helper.to_array(n.attribute[0].t)) for n in graph.node
-                               if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
-                               and not n.attribute[0].t.dims and n.attribute[0].t.data_type == onnx.TensorProto.FLOAT})
 
-    def ints(self, tensor: str) -> list[int] | None:
-        """The values of an integer constant (an initializer or a Constant node), None for anything else."""
+    def constant(self, tensor: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output, None for anything else."""
         value = self.initializers.get(tensor)
         node = self.producers.get(tensor)
-        if value is None and node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+        if value is None and node is not None and node.op_type == "Constant" and node.attribute and (
+                node.attribute[0].name == "value"):
             value = node.attribute[0].t
-        if value is None or value.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+        return None if value is None else numpy_helper.to_array(value)
+
+    def scalar(self, tensor: str) -> float | None:
+        """The value of a float scalar constant (a scale), None for anything else."""
+        init = self.initializers.get(tensor)
+        if init is not None and (init.dims or init.data_type != onnx.TensorProto.FLOAT):
+            return None  # not a scalar: no weight is read here
+        value = self.constant(tensor)
+        return None if value is None or value.dtype != np.float32 or value.ndim else float(value)
+
+    def ints(self, tensor: str) -> list[int] | None:
+        """The values of an integer constant, None for anything else."""
+        init = self.initializers.get(tensor)
+        if init is not None and init.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
             return None
-        return [int(v) for v in numpy_helper.to_array(value).reshape(-1)]
+        value = self.constant(tensor)
+        if value is None or value.dtype not in (np.int64, np.int32):
+            return None
+        return [int(v) for v in value.reshape(-1)]
 
     def read_once(self, tensor: str) -> bool:
         """Only one node reads `tensor`, and the graph does not answer it."""
@@ -200,14 +212,16 @@ class _Scores:
             return None
         if node.op_type == "MatMul":
             return [node], [], 1.0
-        if node.op_type == "Div" and node.input[1] in self.constants:
+        divisor = self.scalar(node.input[1]) if node.op_type == "Div" else None
+        if divisor is not None:
             inner = self.read(node.input[0])
-            return None if inner is None else ([*inner[0], node], inner[1], inner[2] / self.constants[node.input[1]])
+            return None if inner is None else ([*inner[0], node], inner[1], inner[2] / divisor)
         if node.op_type == "Mul":
             for factor, other in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
-                inner = self.read(other) if factor in self.constants else None
-                if inner is not None:
-                    return [*inner[0], node], inner[1], inner[2] * self.constants[factor]
+                value = self.scalar(factor)
+                inner = self.read(other) if value is not None else None
+                if inner is not None and value is not None:
+                    return [*inner[0], node], inner[1], inner[2] * value
         if node.op_type == "Add":
             for chain, term in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
                 inner = self.read(chain)
