@@ -169,6 +169,35 @@ def test_connections_beyond_the_cap_get_503_and_idle_ones_make_room(server: Serv
             sock.close()
 
 
+def test_an_idle_flood_at_the_cap_closes_its_own_connections_before_a_keep_alive_client(
+        minilm_fp32_artifact: Path, tmp_path: Path) -> None:
+    """Between two requests a keep-alive client has often waited longer than every connection of a flood that
+    churns through the cap; the flood's never-used connections make room first. Both ways a request is read
+    (the lane's POST, the parser's GET) leave the connection waiting behind them."""
+    requests = [b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nContent-Length: 18\r\n\r\n"
+                b'{"inputs": "kept"}', b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"] * 2
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--max-connections", str(CONNECTIONS)) as server, \
+            connect(server) as kept:
+        reader = Reader(kept)
+        for index, request in enumerate(requests):
+            kept.sendall(request)
+            head, _ = reader.response()
+            assert status(head) == 200, head
+            if index == len(requests) - 1:
+                break
+            time.sleep(0.2)  # the client thinks; the flood's connections are all younger than this wait
+            evicted = refusals(server, "idle_evicted")
+            flood = [connect(server) for _ in range(CONNECTIONS * 2)]
+            try:
+                deadline = time.monotonic() + WAIT
+                while refusals(server, "idle_evicted") < evicted + CONNECTIONS and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert refusals(server, "idle_evicted") >= evicted + CONNECTIONS
+            finally:
+                for sock in flood:
+                    sock.close()
+
+
 def test_idle_connections_past_the_open_file_limit_do_not_starve_requests(minilm_fp32_artifact: Path,
                                                                         tmp_path: Path) -> None:
     def few_files() -> None:

@@ -33,6 +33,38 @@ class Limits:
     refusal_hold: float  # seconds a connection is not read after a 429 (its Retry-After)
 
 
+class Idle:
+    """Open connections waiting for a request, in the order the cap closes them to make room: those that never
+    sent one first, then those waiting for their next, each longest-waiting first. An idle flood churns through
+    the cap within milliseconds; a client between two requests on its keep-alive connection must not be the
+    longest-waiting one it finds."""
+
+    def __init__(self) -> None:
+        self.unused: dict[GuardedConnection, None] = {}
+        self.between: dict[GuardedConnection, None] = {}
+
+    def opened(self, connection: GuardedConnection) -> None:
+        self.unused[connection] = None
+
+    def answered(self, connection: GuardedConnection) -> None:
+        self.between.pop(connection, None)  # to the end of the line
+        self.between[connection] = None
+
+    def drop(self, connection: GuardedConnection) -> None:
+        """No longer waiting: a request began, or the connection closes."""
+        self.unused.pop(connection, None)
+        self.between.pop(connection, None)
+
+    def first(self) -> GuardedConnection | None:
+        """The next to close (no longer counted here), or None."""
+        for waiting in (self.unused, self.between):
+            if waiting:
+                connection = next(iter(waiting))
+                del waiting[connection]
+                return connection
+        return None
+
+
 @dataclass
 class Gate:
     """What the transport asks of the core, which is built before the server starts.
@@ -65,7 +97,7 @@ class Gate:
 class GuardedConnection(Connection):
     limits: Limits
     gate: Gate
-    idle_ones: dict[GuardedConnection, None]  # open connections waiting for a request, longest first
+    idle: Idle
     last_warning = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,14 +122,14 @@ class GuardedConnection(Connection):
             return
         super().connection_made(transport)
         self.counted = True
-        self.idle_ones[self] = None
+        self.idle.opened(self)
         self._arm(self.limits.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self.held is not None:
             self.held.cancel()
-        self.idle_ones.pop(self, None)
+        self.idle.drop(self)
         if not self.counted:  # refused at the cap
             return
         super().connection_lost(exc)
@@ -106,14 +138,12 @@ class GuardedConnection(Connection):
         super().on_response_complete()
         waiting = self.queue or (self.exchange is not None and not self.exchange.response_complete)
         if not (self.in_message or self.head or waiting or self.transport.is_closing()):
-            self.idle_ones[self] = None
+            self.idle.answered(self)
 
     def _evict_idle(self) -> bool:
-        """At the cap, a connection that has waited longest without sending a request makes room (closed as a
-        keep-alive timeout would close it): idle sockets cannot lock out clients that have work."""
-        while self.idle_ones:
-            victim = next(iter(self.idle_ones))
-            del self.idle_ones[victim]
+        """At the cap, an idle connection makes room (closed as a keep-alive timeout would close it, in Idle's
+        order): idle sockets cannot lock out clients that have work."""
+        while (victim := self.idle.first()) is not None:
             if not victim.transport.is_closing():
                 self.shared.connections.discard(victim)
                 victim.transport.close()
@@ -140,7 +170,7 @@ class GuardedConnection(Connection):
             self._feed(data)
             return
         if not self.head:
-            self.idle_ones.pop(self, None)
+            self.idle.drop(self)
             end = end_of_head(data, 0)
             if 0 <= end <= limit:  # the usual case: a whole head in one read
                 if self.exchange is None or (self.exchange.response_complete and not self.queue):
@@ -174,7 +204,7 @@ class GuardedConnection(Connection):
         self._hold(self._idle)
 
     def _idle(self) -> None:
-        self.idle_ones[self] = None
+        self.idle.answered(self)
         self.start_keep_alive()
 
     def _hold(self, then: Callable[[], None]) -> None:
@@ -182,7 +212,7 @@ class GuardedConnection(Connection):
         A client that re-sends at once waits in its own socket buffer instead of costing another refusal;
         one that honours Retry-After never notices. A held connection counts as idle: it may be evicted."""
         self.flow.pause_reading()
-        self.idle_ones[self] = None
+        self.idle.answered(self)
         self.held = self.loop.call_later(self.limits.refusal_hold, self._release, then)
 
     def _release(self, then: Callable[[], None]) -> None:
@@ -282,7 +312,7 @@ class GuardedConnection(Connection):
         self.refused = True
         self.gate.rejected(reason)
         self.head.clear()
-        self.idle_ones.pop(self, None)
+        self.idle.drop(self)
         exchange = self.exchange
         if exchange is not None and not exchange.response_complete:
             exchange.disconnected = True  # the app, if it waits on this body, hears a disconnect and writes nothing
@@ -304,4 +334,4 @@ class GuardedConnection(Connection):
 
 def protocol_class(limits: Limits, gate: Gate | None = None) -> type[GuardedConnection]:
     return type("GuardedConnection", (GuardedConnection,),
-                {"limits": limits, "idle_ones": {}, "gate": gate or Gate()})
+                {"limits": limits, "idle": Idle(), "gate": gate or Gate()})
