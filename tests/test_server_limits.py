@@ -176,8 +176,8 @@ def test_an_idle_flood_at_the_cap_closes_its_own_connections_before_a_keep_alive
     (the lane's POST, the parser's GET) leave the connection waiting behind them."""
     requests = [b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nContent-Length: 18\r\n\r\n"
                 b'{"inputs": "kept"}', b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"] * 2
-    with running(minilm_fp32_artifact, tmp_path / "server.log", "--max-connections", str(CONNECTIONS)) as server, \
-            connect(server) as kept:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--max-connections", str(CONNECTIONS),
+                 "--keep-alive-timeout", "60") as server, connect(server) as kept:
         reader = Reader(kept)
         for index, request in enumerate(requests):
             kept.sendall(request)
