@@ -368,10 +368,10 @@ def _rotation(tensor: str, scores: _Scores, shapes: dict[str, list[int | str | N
             return False
         for index, (name, inside) in enumerate(zip(data, inner)):
             if not inside:
-                rank = len(shapes.get(name, [None] * 9))
-                if rank == 4:
+                shape = shapes.get(name)
+                if shape is not None and len(shape) == 4:
                     operands[(id(node), index)] = name
-                elif rank > 1:
+                elif shape is None or len(shape) > 1:  # a scalar or a vector broadcasts alike in either layout
                     return False
         region[id(node)] = node
         return True
@@ -406,11 +406,11 @@ def _rotation(tensor: str, scores: _Scores, shapes: dict[str, list[int | str | N
 
 def _heads_split(merged: list[int | str | None] | None, split: list[int | str | None] | None) -> int | None:
     """h, where `split` is [batch, sequence, h, size] and `merged` [batch, sequence, h x size]."""
-    if merged is None or split is None or len(merged) != 3 or len(split) != 4:
+    found = _heads(split)
+    if merged is None or split is None or found is None or len(merged) != 3:
         return None
-    batch, sequence, heads, size = split
-    if (None in (batch, sequence) or [batch, sequence] != merged[:2] or not isinstance(heads, int)
-            or not isinstance(size, int) or merged[2] != heads * size):
+    heads, size = found
+    if None in split[:2] or split[:2] != merged[:2] or merged[2] != heads * size:
         return None
     return heads
 

@@ -168,14 +168,14 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
             source = producers.get(tensor)
             only_ours = all(c in nodes for c in consumers[tensor])
             # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
-            value = _value_projection(source, producers, consumers, weights) if only_ours else None
             if (source is not None and source.op_type == "Attention" and source.name in chosen_names and only_ours
                     and source.name in biases):
                 hidden = scale.shape[0]
                 float_weights[source.name][:, 2 * hidden:] /= scale[None, :]
                 biases[source.name][2 * hidden:] /= scale
                 record.smoothing_folded += 1
-            elif value is not None and value[0].name in float_weights:
+            elif only_ours and (value := _value_projection(source, producers, consumers, weights)) is not None and (
+                    value[0].name in float_weights):
                 float_weights[value[0].name] = float_weights[value[0].name] / scale[None, :]
                 if value[1] is not None:
                     bias = numpy_helper.to_array(weights[value[1]]).astype(np.float32)
