@@ -290,6 +290,9 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
         except Exception as exc:  # the tracer and the exporter raise many unrelated types
             first = (str(exc) or type(exc).__name__).strip().splitlines()[0][:200]
             raise UnsupportedModel(f"model type {source.model_type!r} could not be exported to ONNX: {first}") from exc
-    if external_files(path) or external_data_bytes is not None:
-        copy_model(path, path, external_data_bytes)  # over 2 GiB the exporter writes a file per tensor: one file
+    per_tensor = external_files(path)  # over 2 GiB the exporter writes a file per tensor: one file
+    if per_tensor or external_data_bytes is not None:
+        copy_model(path, path, external_data_bytes)
+        for name in set(per_tensor) - set(external_files(path)):
+            (path.parent / name).unlink()
     return names, output

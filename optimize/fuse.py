@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model
+from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model, weights_left_on_disk
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -436,27 +436,31 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
         return FusionResult({}, [f"model type {config.model_type!r} has no fusion recipe; graph left as exported "
                                  "(onnxruntime's own graph optimizations still apply at load)"])
     heads, hidden = _heads_and_hidden(config)
-    optimized = optimize_model(str(src), model_type=model_type, num_heads=heads, hidden_size=hidden,
-                               opt_level=0, use_gpu=for_gpu)
-    stats = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
-    domains = {o.domain for o in optimized.model.opset_import}
-    for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
-        # onnxruntime's own save adds the contrib domains its fusions use; this save (and the converter) must too
-        optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
-    if not for_gpu:
-        optimized.model, written = written_attention(optimized.model)
-        if written:
-            stats["Attention"] = stats.get("Attention", 0) + written
+    # The fusions copy the whole model for each shape inference they run: XLM-R large's 2.2 GB of weights, loaded,
+    # peaked at 15.7 GB. Left in their file, they are read where a fusion needs their values (the Q, K, V weights
+    # it concatenates) and when the fused graph is written.
+    with weights_left_on_disk(src) as model:
+        optimized = optimize_model(model, model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0,
+                                   use_gpu=for_gpu)
+        stats = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+        domains = {o.domain for o in optimized.model.opset_import}
+        for domain in sorted({node.domain for node in optimized.model.graph.node} - domains - {"", "ai.onnx"}):
+            # onnxruntime's own save adds the contrib domains its fusions use; this save (and the converter) must too
+            optimized.model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+        if not for_gpu:
+            optimized.model, written = written_attention(optimized.model)
+            if written:
+                stats["Attention"] = stats.get("Attention", 0) + written
+        # Quantization rewrites Gemm as MatMul + Add under new names; do it here so node names stay stable.
+        rewritten = ONNXModel(optimized.model)
+        rewritten.replace_gemm_with_matmul()
+        rewritten.remove_unused_constant()
+        rewritten.clean_initializers()
+        split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
+    save_model(optimized.model, dst, external_data_bytes, weights_from=src.parent)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", 0)
     gaps = [f"expected {name} fusions for {layers} layers, found {stats.get(name, 0)}"
             for name in EXPECTED if layers and stats.get(name, 0) < layers]
     if layers and stats.get("Attention", 0) < layers and config.model_type in ATTENTION_GAPS:
         gaps.append(f"attention not fused ({config.model_type}): {ATTENTION_GAPS[config.model_type]}")
-    # Quantization rewrites Gemm as MatMul + Add under new names; do it here so node names stay stable.
-    rewritten = ONNXModel(optimized.model)
-    rewritten.replace_gemm_with_matmul()
-    rewritten.remove_unused_constant()
-    rewritten.clean_initializers()
-    split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
-    save_model(optimized.model, dst, external_data_bytes)
     return FusionResult(stats, gaps, model_type, split)

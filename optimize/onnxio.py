@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -28,10 +29,14 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
-def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | None = None) -> None:
+def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | None = None,
+               weights_from: Path | None = None) -> None:
     """Write `model` to `path`, its weights to `path`.data when they exceed the threshold (default 1 GiB).
-    The in-memory model's weights move out to the file when they do: do not reuse it afterwards."""
+    The in-memory model's weights move out to the file when they do: do not reuse it afterwards. Weights still in
+    another model's weights file (weights_left_on_disk) are read from its folder, `weights_from`, first."""
     path = Path(path)
+    if weights_from is not None:
+        onnx.external_data_helper.load_external_data_for_model(model, str(weights_from))
     limit = EXTERNAL_DATA_BYTES if external_data_bytes is None else external_data_bytes
     data_file(path).unlink(missing_ok=True)  # onnx appends to an existing data file
     if weight_bytes(model) > limit:
@@ -70,6 +75,21 @@ def session_source(model: onnx.ModelProto, scratch: Path) -> bytes | str:
     path = Path(scratch) / "session.onnx"
     save_model(model, path)
     return str(path)
+
+
+@contextmanager
+def weights_left_on_disk(path: Path) -> Iterator[onnx.ModelProto]:
+    """The model at `path` with the weights of its weights file, if it has one, left in that file: onnx reads a
+    weight from there when a routine asks for its values (the model's folder is the working directory while the
+    block runs: onnx resolves a weights file's name against it) and copies only the graph otherwise. save_model
+    with `weights_from` reads the rest in."""
+    model = onnx.load(str(path), load_external_data=False)
+    cwd = os.getcwd()
+    os.chdir(Path(path).resolve().parent)
+    try:
+        yield model
+    finally:
+        os.chdir(cwd)
 
 
 def needs_external_data(nbytes: int) -> bool:

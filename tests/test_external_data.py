@@ -180,3 +180,39 @@ def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp
     with running(out, tmp_path / "serve.log", "--allow-failed-parity") as server:
         vectors = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60).json()
     assert np.array(vectors).shape == (len(TEXTS), 32)
+
+
+def test_weights_left_on_disk_are_read_only_where_asked_then_all_when_saved(tmp_path):
+    import os
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from optimize.onnxio import copy_model, save_model, weights_left_on_disk
+
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal((64, 64)).astype(np.float32) for name in ("a", "b")}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "a"], ["h"]), helper.make_node("MatMul", ["h", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()])
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "one.onnx"))
+    split = tmp_path / "split" / "model.onnx"
+    split.parent.mkdir()
+    copy_model(tmp_path / "one.onnx", split, external_data_bytes=0)
+    cwd = os.getcwd()
+    with weights_left_on_disk(split) as model:
+        held = {t.name: t for t in model.graph.initializer}
+        assert all(not t.raw_data and t.data_location == onnx.TensorProto.EXTERNAL for t in held.values())
+        np.testing.assert_array_equal(numpy_helper.to_array(held["a"]), weights["a"])  # read from the file
+        assert not held["a"].raw_data
+        held["a"].CopyFrom(numpy_helper.from_array(weights["a"].T.copy(), "a"))  # a fusion's rewrite
+    assert os.getcwd() == cwd
+    save_model(model, tmp_path / "out.onnx", weights_from=split.parent)
+    saved = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "out.onnx")).graph.initializer}
+    np.testing.assert_array_equal(saved["a"], weights["a"].T)
+    np.testing.assert_array_equal(saved["b"], weights["b"])
+    with pytest.raises(RuntimeError), weights_left_on_disk(split):
+        raise RuntimeError("a fusion fails")
+    assert os.getcwd() == cwd

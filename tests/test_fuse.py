@@ -1,4 +1,6 @@
 """SkipLayerNormalization written back as Add + LayerNormalization: the same function, kept so at load."""
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -193,3 +195,34 @@ def test_attention_whose_probabilities_are_read_elsewhere_stays_written_out():
     assert [node.op_type for node in rewritten.graph.node].count("Softmax") == 1
     for have, want in zip(_answers(rewritten), _answers(model)):
         np.testing.assert_array_equal(have, want)
+
+
+def test_a_graph_whose_weights_are_in_a_file_fuses_as_it_does_in_one_file(artifacts, tmp_path):
+    """Past 1 GiB the fusions run with the weights left in their file, reading only those they fuse: the graph and
+    every weight come out as they do from the one-file export."""
+    from transformers import AutoConfig
+
+    from optimize.export import export_onnx
+    from optimize.fuse import fuse
+    from optimize.onnxio import copy_model, external_files
+    from optimize.source import load_source
+
+    model = artifacts.source("distilbert-tiny")
+    one, split = tmp_path / "one" / "exported.onnx", tmp_path / "split" / "exported.onnx"
+    one.parent.mkdir()
+    split.parent.mkdir()
+    export_onnx(load_source(str(model), "sequence-classification"), one)
+    copy_model(one, split, external_data_bytes=0)
+    assert not external_files(one) and external_files(split) == ["exported.onnx.data"]
+    cwd = os.getcwd()
+    fused, stats = {}, {}
+    for path in (one, split):
+        stats[path] = fuse(path, path.with_name("fused.onnx"), AutoConfig.from_pretrained(model)).stats
+        assert os.getcwd() == cwd
+        fused[path] = onnx.load(str(path.with_name("fused.onnx")))
+    assert stats[one] == stats[split] and stats[one]["Attention"] > 0
+    assert [n.SerializeToString() for n in fused[one].graph.node] == \
+        [n.SerializeToString() for n in fused[split].graph.node]
+    weights = {path: {t.name: numpy_helper.to_array(t).tobytes() for t in fused[path].graph.initializer}
+               for path in fused}
+    assert weights[one] == weights[split]
