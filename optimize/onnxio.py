@@ -116,18 +116,19 @@ def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto],
     except BaseException:
         _attach(model, detached)
         raise
+    _attach(result, detached, last=not restore)
     if restore:
-        _attach(model, detached)
-    _attach(result, detached)
+        _attach(model, detached, last=True)
     return result
 
 
-def _attach(model: onnx.ModelProto, detached: dict[str, bytes]) -> None:
+def _attach(model: onnx.ModelProto, detached: dict[str, bytes], last: bool = False) -> None:
+    """`last`: each weight's bytes are let go once attached, so that they are held once, not twice."""
     for tensor in model.graph.initializer:
         if tensor.name in detached and [(e.key, e.value) for e in tensor.external_data] == [("location", _DETACHED)]:
             tensor.ClearField("external_data")
             tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = detached[tensor.name]
+            tensor.raw_data = detached.pop(tensor.name) if last else detached[tensor.name]
 
 
 def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:

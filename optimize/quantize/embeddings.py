@@ -36,10 +36,16 @@ def quantize_embedding_tables(src: Path, dst: Path, min_bytes: int = LARGE_TABLE
     if not chosen:
         return []
     for name in chosen:
-        table = numpy_helper.to_array(tables[name]).astype(np.float32)
+        tensor = tables.pop(name)
+        table = numpy_helper.to_array(tensor).astype(np.float32)
+        graph.initializer.remove(tensor)
+        del tensor
+        # in place: XLM-R's table is 1 GB in float, and each temporary copy another
         scale = np.maximum(np.abs(table).max(axis=1, keepdims=True), 1e-12) / 127.0
-        quantized = np.clip(np.rint(table / scale), -127, 127).astype(np.int8)
-        graph.initializer.remove(tables[name])
+        np.divide(table, scale, out=table)
+        np.clip(np.rint(table, out=table), -127, 127, out=table)
+        quantized = table.astype(np.int8)
+        del table
         graph.initializer.extend([numpy_helper.from_array(quantized, f"{name}/int8"),
                                   numpy_helper.from_array(scale.astype(np.float32), f"{name}/row_scale")])
         for gather in readers[name]:

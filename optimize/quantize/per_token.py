@@ -147,6 +147,11 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     float_weights = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float32) for n in chosen}
     biases = {n.name: numpy_helper.to_array(weights[n.input[2]]).astype(np.float32) for n in chosen
               if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
+    # the float weights replaced below, held once (as arrays) from here on
+    read_elsewhere = {name for node in graph.node if node.name not in chosen_names for name in node.input}
+    for name in {n.input[1] for n in chosen} | {n.input[2] for n in chosen if n.name in biases}:
+        if name not in read_elsewhere:
+            weights[name].ClearField("raw_data")
     smoothed_input: dict[str, str] = {}
     inverse_scales: dict[str, np.ndarray] = {}
     divided: dict[str, np.ndarray] = {}  # what each smoothed input's channels are multiplied by
@@ -372,12 +377,13 @@ def _ranks_of(src: Path, model: onnx.ModelProto) -> dict[str, int]:
 
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    # `model` is not kept: the converted graph alone holds the weights (where the converter raises, `model` does)
     if current >= ATTENTION_OPSET or not any(n.op_type == "Attention" for n in model.graph.node):
-        return model if current >= OPSET else converted(model, OPSET)
+        return model if current >= OPSET else converted(model, OPSET, restore=False)
     try:
-        return converted(model, ATTENTION_OPSET)
+        return converted(model, ATTENTION_OPSET, restore=False)
     except Exception:  # the converter raises bare errors for operators it has no adapter for
-        return model if current >= OPSET else converted(model, OPSET)
+        return model if current >= OPSET else converted(model, OPSET, restore=False)
 
 
 def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: tuple[np.ndarray, np.ndarray],
