@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -26,7 +27,7 @@ def data_file(path: Path) -> Path:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(len(t.raw_data) for t in model.graph.initializer)
+    return sum(raw_bytes(t) for t in model.graph.initializer)
 
 
 def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | None = None,
@@ -105,7 +106,7 @@ def on_graph_only(model: onnx.ModelProto, transform: Callable[[onnx.ModelProto],
     it the weights are held once, not twice, and `model` is left without them."""
     detached: dict[str, bytes] = {}
     for tensor in model.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) > INLINE_BYTES:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and _held_inline(tensor):
             detached[tensor.name] = tensor.raw_data
             tensor.ClearField("raw_data")
             tensor.data_location = onnx.TensorProto.EXTERNAL
@@ -132,18 +133,23 @@ def _attach(model: onnx.ModelProto, detached: dict[str, bytes], last: bool = Fal
 
 
 def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxruntime's symbolic shape inference (it knows onnxruntime's fused operators) on a copy whose held-aside
-    weights are typed graph inputs: the tool reads the data of every initializer it is given, and a weight's shape
-    is all it needs. Call it through on_graph_only."""
+    """onnxruntime's symbolic shape inference (it knows onnxruntime's fused operators) on a copy of the graph
+    whose weights (those on_graph_only holds aside, and those in a weights file) are typed graph inputs: the tool
+    reads the data of every initializer it is given, and a weight's shape is all it needs. `model` is left as it
+    is: holding its weights aside and giving them back would grow its memory by their size (protobuf frees a
+    message's bytes only with the whole message)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    aside = [t for t in copy.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    kept = [t for t in copy.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-    del copy.graph.initializer[:]
-    copy.graph.initializer.extend(kept)
-    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in aside)
+    copy = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    graph, source = copy.graph, model.graph
+    graph.name = source.name
+    for field in ("node", "input", "output", "value_info"):
+        getattr(graph, field).extend(getattr(source, field))
+    for tensor in source.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or _held_inline(tensor):
+            graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            graph.initializer.append(tensor)
     for node in copy.graph.node:
         if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
             # the tool takes ONNX's Attention for onnxruntime's and stops at it; its answer has Q's shape (where V's
@@ -159,6 +165,19 @@ def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
+def raw_bytes(tensor: onnx.TensorProto) -> int:
+    """The size of a tensor's raw data (0 without), read from its shape and type rather than by copying the
+    bytes out."""
+    if not tensor.HasField("raw_data"):
+        return 0
+    return int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def _held_inline(tensor: onnx.TensorProto) -> bool:
+    """A weight on_graph_only holds aside."""
+    return raw_bytes(tensor) > INLINE_BYTES
+
+
 def converted(model: onnx.ModelProto, opset: int, restore: bool = True) -> onnx.ModelProto:
     """`model` at ONNX opset `opset`, by onnx's version converter on the graph alone (it serializes what it is
     given: past 2 GiB of weights it would fail). Raises what the converter raises for an operator it has no
@@ -172,7 +191,7 @@ def activation_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None
     """Shape of every tensor symbolic shape inference can name (it knows onnxruntime's fused operators): each
     dimension a number, a symbol (alike in every tensor of that size) or None; {} where the tool cannot run."""
     try:
-        inferred = on_graph_only(model, shapes_inferred)
+        inferred = shapes_inferred(model)
     except Exception:  # the tool raises bare Exceptions on graphs it cannot follow
         return {}
     return {v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param or None
