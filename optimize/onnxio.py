@@ -27,7 +27,7 @@ def data_file(path: Path) -> Path:
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(raw_bytes(t) for t in model.graph.initializer)
+    return sum(_raw_bytes(t) for t in model.graph.initializer)
 
 
 def save_model(model: onnx.ModelProto, path: Path, external_data_bytes: int | None = None,
@@ -134,10 +134,10 @@ def _attach(model: onnx.ModelProto, detached: dict[str, bytes], last: bool = Fal
 
 def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnxruntime's symbolic shape inference (it knows onnxruntime's fused operators) on a copy of the graph
-    whose weights (those on_graph_only holds aside, and those in a weights file) are typed graph inputs: the tool
-    reads the data of every initializer it is given, and a weight's shape is all it needs. `model` is left as it
-    is: holding its weights aside and giving them back would grow its memory by their size (protobuf frees a
-    message's bytes only with the whole message)."""
+    whose weights (raw data over INLINE_BYTES, or in a weights file) are typed graph inputs: the tool reads the
+    data of every initializer it is given, and a weight's shape is all it needs. `model` is left as it is: holding
+    its weights aside and giving them back would grow its memory by their size (protobuf frees a message's bytes
+    only with the whole message)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     copy = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
@@ -165,17 +165,21 @@ def shapes_inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def raw_bytes(tensor: onnx.TensorProto) -> int:
+def _raw_bytes(tensor: onnx.TensorProto) -> int:
     """The size of a tensor's raw data (0 without), read from its shape and type rather than by copying the
     bytes out."""
     if not tensor.HasField("raw_data"):
         return 0
-    return int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError):  # a type numpy has no dtype for
+        return len(tensor.raw_data)
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
 def _held_inline(tensor: onnx.TensorProto) -> bool:
     """A weight on_graph_only holds aside."""
-    return raw_bytes(tensor) > INLINE_BYTES
+    return _raw_bytes(tensor) > INLINE_BYTES
 
 
 def converted(model: onnx.ModelProto, opset: int, restore: bool = True) -> onnx.ModelProto:
