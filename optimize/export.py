@@ -52,6 +52,12 @@ def load_torch_model(source: SourceModel) -> Any:
         # transformers would start the missing head from random weights: sparse vectors that look plausible
         raise UnsupportedModel(f"{source.path.name} has no trained masked-LM head (missing "
                                f"{', '.join(sorted(loading['missing_keys'])[:3])}); SPLADE reads its logits")
+    if cls in (AutoModelForSequenceClassification, AutoModelForTokenClassification) and loading["missing_keys"]:
+        # the same for a classifier: scores and labels from random weights, which the PyTorch reference (started
+        # from other random weights) would not even match
+        raise UnsupportedModel(f"{source.path.name} has no trained {source.task} head (missing "
+                               f"{', '.join(sorted(loading['missing_keys'])[:3])}): pass a checkpoint fine-tuned for "
+                               f"{source.task}, or --task feature-extraction for its embeddings")
     return model.eval()
 
 

@@ -201,3 +201,15 @@ def test_a_splade_model_pooled_per_token_exports_faithfully(tmp_path: Path, pool
     feeds = source.tokenizer(TEXTS[:3], padding=True, return_tensors="np")
     got = session.run(None, {name: feeds[name] for name in names})[0]
     assert np.abs(got - expected).max() < 1e-3 * max(1.0, float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "ranking", "token-classification"])
+def test_a_model_without_a_classifier_is_refused_not_run_on_random_weights(tmp_path: Path, task: str) -> None:
+    from optimize.export import UnsupportedModel, export_onnx
+
+    bare = transformers_files(minilm_dir(), tmp_path / "bert")  # a BertModel: no classifier
+    if task == "ranking":  # one label, as a cross-encoder's config says
+        config = json.loads((bare / "config.json").read_text())
+        (bare / "config.json").write_text(json.dumps({**config, "id2label": {"0": "score"}, "label2id": {"score": 0}}))
+    with pytest.raises(UnsupportedModel, match=f"has no trained {task} head .*classifier.*--task feature-extraction"):
+        export_onnx(load_source(str(bare), task), tmp_path / "model.onnx")
