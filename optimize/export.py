@@ -48,16 +48,17 @@ def load_torch_model(source: SourceModel) -> Any:
             raise
         raise UnsupportedModel(f"transformers has no {cls.__name__} for model type {source.model_type!r}, so "
                                f"multiverse cannot build a {source.task} model from it") from None
-    if source.task == "sparse-embedding" and loading["missing_keys"]:
+    missing = ", ".join(sorted(loading["missing_keys"])[:3])
+    if source.task == "sparse-embedding" and missing:
         # transformers would start the missing head from random weights: sparse vectors that look plausible
-        raise UnsupportedModel(f"{source.path.name} has no trained masked-LM head (missing "
-                               f"{', '.join(sorted(loading['missing_keys'])[:3])}); SPLADE reads its logits")
-    if cls in (AutoModelForSequenceClassification, AutoModelForTokenClassification) and loading["missing_keys"]:
+        raise UnsupportedModel(f"{source.path.name} has no trained masked-LM head (missing {missing}); SPLADE reads "
+                               "its logits")
+    if cls in (AutoModelForSequenceClassification, AutoModelForTokenClassification) and missing:
         # the same for a classifier: scores and labels from random weights, which the PyTorch reference (started
         # from other random weights) would not even match
-        raise UnsupportedModel(f"{source.path.name} has no trained {source.task} head (missing "
-                               f"{', '.join(sorted(loading['missing_keys'])[:3])}): pass a checkpoint fine-tuned for "
-                               f"{source.task}, or --task feature-extraction for its embeddings")
+        raise UnsupportedModel(f"{source.path.name} has no trained {source.task} head (missing {missing}): pass a "
+                               f"checkpoint fine-tuned for {source.task}, or --task feature-extraction for its "
+                               "embeddings")
     return model.eval()
 
 

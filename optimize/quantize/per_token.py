@@ -148,8 +148,9 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     biases = {n.name: numpy_helper.to_array(weights[n.input[2]]).astype(np.float32) for n in chosen
               if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
     # the float weights replaced below, held once (as arrays) from here on
+    replaced = {n.input[1] for n in chosen} | {n.input[2] for n in chosen if n.name in biases}
     read_elsewhere = {name for node in graph.node if node.name not in chosen_names for name in node.input}
-    for name in {n.input[1] for n in chosen} | {n.input[2] for n in chosen if n.name in biases}:
+    for name in replaced:
         if name not in read_elsewhere:
             weights[name].ClearField("raw_data")
     smoothed_input: dict[str, str] = {}
@@ -262,7 +263,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     del graph.node[:]
     graph.node.extend(new_nodes)
     for init in list(graph.initializer):  # the float weights replaced above
-        if init.name in {n.input[1] for n in chosen} or init.name in {n.input[2] for n in chosen if n.name in biases}:
+        if init.name in replaced:
             graph.initializer.remove(init)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
