@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -83,6 +84,9 @@ def _threshold(text: str) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from optimize.export import CheckedLoadReport
+
+    logging.getLogger("transformers.modeling_utils").addFilter(CheckedLoadReport())
     if args.command == "targets":
         return _targets()
     if args.command == "validate":

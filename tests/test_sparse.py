@@ -16,7 +16,7 @@ from infinity.manifest import Manifest
 from optimize.source import load_source
 from optimize.validate.heldout import heldout_inputs
 from optimize.validate.reference import sparse_encoder, torch_reference
-from tests.models import build_tiny_splade, minilm_dir
+from tests.models import build_tiny_splade, minilm_dir, transformers_files
 from tests.servers import Server, running
 
 TEXTS = ["What is the capital of France?", "Paris is the capital and most populous city of France.", "ok",
@@ -28,16 +28,6 @@ def dense(vector: list[dict[str, Any]], size: int) -> np.ndarray:
     out = np.zeros(size, dtype=np.float64)
     for entry in vector:
         out[entry["index"]] = entry["value"]
-    return out
-
-
-def transformers_files(model: Path, out: Path) -> Path:
-    """A copy of a sentence-transformers directory without its sentence-transformers files."""
-    out.mkdir()
-    for path in model.iterdir():
-        if path.is_file() and path.name not in ("modules.json", "sentence_bert_config.json",
-                                                "config_sentence_transformers.json"):
-            (out / path.name).write_bytes(path.read_bytes())
     return out
 
 
@@ -201,15 +191,3 @@ def test_a_splade_model_pooled_per_token_exports_faithfully(tmp_path: Path, pool
     feeds = source.tokenizer(TEXTS[:3], padding=True, return_tensors="np")
     got = session.run(None, {name: feeds[name] for name in names})[0]
     assert np.abs(got - expected).max() < 1e-3 * max(1.0, float(np.abs(expected).max()))
-
-
-@pytest.mark.parametrize("task", ["sequence-classification", "ranking", "token-classification"])
-def test_a_model_without_a_classifier_is_refused_not_run_on_random_weights(tmp_path: Path, task: str) -> None:
-    from optimize.export import UnsupportedModel, export_onnx
-
-    bare = transformers_files(minilm_dir(), tmp_path / "bert")  # a BertModel: no classifier
-    if task == "ranking":  # one label, as a cross-encoder's config says
-        config = json.loads((bare / "config.json").read_text())
-        (bare / "config.json").write_text(json.dumps({**config, "id2label": {"0": "score"}, "label2id": {"score": 0}}))
-    with pytest.raises(UnsupportedModel, match=f"has no trained {task} head .*classifier.*--task feature-extraction"):
-        export_onnx(load_source(str(bare), task), tmp_path / "model.onnx")
