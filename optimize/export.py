@@ -21,14 +21,14 @@ class UnsupportedModel(ValueError):
 
 
 class CheckedLoadReport(logging.Filter):
-    """transformers' load report, left to what load_torch_model does not check: the weights a checkpoint lacks are
-    refused there in one line, and what else the report lists (a base model's pooler, which no embedding graph
-    reads; checkpoint keys the model does not use) needs nothing from the user. A report on mismatched sizes or
-    failed conversions, which transformers raises on next, still shows."""
+    """transformers' load report, left to what load_torch_model does not check: the weights a checkpoint lacks or
+    holds in other shapes are refused there in one line, and what else the report lists (a base model's pooler,
+    which no embedding graph reads; checkpoint keys the model does not use) needs nothing from the user. A report
+    on failed conversions, which transformers raises on next, still shows."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return "LOAD REPORT" not in message or "MISMATCH" in message or "CONVERSION" in message
+        return "LOAD REPORT" not in message or "CONVERSION" in message
 
 
 def load_torch_model(source: SourceModel) -> Any:
@@ -54,12 +54,17 @@ def load_torch_model(source: SourceModel) -> Any:
     try:
         # Eager attention traces to the plain MatMul/Softmax pattern that onnxruntime's fusions recognize.
         model, loading = cls.from_pretrained(source.path, attn_implementation="eager", output_loading_info=True,
-                                             trust_remote_code=source.trust_remote_code)
+                                             ignore_mismatched_sizes=True, trust_remote_code=source.trust_remote_code)
     except ValueError as exc:  # transformers' "Unrecognized configuration class ..." runs over many lines
         if "Unrecognized configuration class" not in str(exc):
             raise
         raise UnsupportedModel(f"transformers has no {cls.__name__} for model type {source.model_type!r}, so "
                                f"multiverse cannot build a {source.task} model from it") from None
+    if loading["mismatched_keys"]:  # started from random values, as missing ones are
+        (key, stored, expected), *others = sorted(loading["mismatched_keys"])
+        more = f" (and {len(others)} more)" if others else ""
+        raise UnsupportedModel(f"{source.path.name}'s weights do not fit its config.json: {key} is {list(stored)} in "
+                               f"the checkpoint and {list(expected)} in the model{more}")
     missing = ", ".join(sorted(loading["missing_keys"])[:3])
     if source.task == "sparse-embedding" and missing:
         # transformers would start the missing head from random weights: sparse vectors that look plausible

@@ -1,6 +1,7 @@
 """What a checkpoint must carry for its task, read from transformers' own load: weights the model needs and the
-checkpoint lacks are refused at export in one line, never started from random values; a base model's pooler, which
-no embedding graph reads, is let through; transformers' load report stays quiet where the export has checked."""
+checkpoint lacks, or holds in other shapes, are refused at export in one line, never started from random values;
+a base model's pooler, which no embedding graph reads, is let through; transformers' load report stays quiet where
+the export has checked."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -16,15 +18,18 @@ from optimize.export import CheckedLoadReport, UnsupportedModel, export_onnx
 from optimize.source import load_source
 from tests.models import minilm_dir, transformers_files
 
+Weights = dict[str, np.ndarray]
 
-def without(model: Path, out: Path, dropped: Callable[[str], bool]) -> Path:
-    """A copy of a sentence-transformers directory whose weights file lacks the tensors `dropped` names."""
+
+def rewritten(model: Path, out: Path, change: Callable[[Weights], Weights]) -> Path:
+    """A copy of a sentence-transformers directory with its weights file changed."""
     shutil.copytree(model, out, ignore=shutil.ignore_patterns("pytorch_model.bin"))
-    weights = load_file(out / "model.safetensors")
-    assert any(dropped(name) for name in weights)
-    save_file({name: value for name, value in weights.items() if not dropped(name)}, out / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(change(load_file(out / "model.safetensors")), out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def without(prefix: str) -> Callable[[Weights], Weights]:
+    return lambda weights: {name: value for name, value in weights.items() if not name.startswith(prefix)}
 
 
 @pytest.mark.parametrize("task", ["sequence-classification", "ranking", "token-classification"])
@@ -39,7 +44,7 @@ def test_a_model_without_a_classifier_is_refused_not_run_on_random_weights(tmp_p
 
 def test_a_checkpoint_missing_encoder_weights_is_refused_in_one_line(tmp_path: Path) -> None:
     query_key_value = "encoder.layer.3.attention.self."
-    partial = without(minilm_dir(), tmp_path / "partial", lambda name: name.startswith(query_key_value))
+    partial = rewritten(minilm_dir(), tmp_path / "partial", without(query_key_value))
     with pytest.raises(UnsupportedModel) as refused:
         export_onnx(load_source(str(partial), "feature-extraction"), tmp_path / "model.onnx")
     message = str(refused.value)
@@ -50,10 +55,19 @@ def test_a_checkpoint_missing_encoder_weights_is_refused_in_one_line(tmp_path: P
     assert not (tmp_path / "model.onnx").exists()
 
 
+def test_weights_in_other_shapes_than_the_config_says_are_refused_in_one_line(tmp_path: Path) -> None:
+    ffn = "encoder.layer.2.intermediate.dense.weight"
+    cut = rewritten(minilm_dir(), tmp_path / "cut", lambda weights: {**weights, ffn: weights[ffn][:1000]})
+    with pytest.raises(UnsupportedModel) as refused:
+        export_onnx(load_source(str(cut), "feature-extraction"), tmp_path / "model.onnx")
+    assert str(refused.value) == (f"cut's weights do not fit its config.json: {ffn} is [1000, 384] in the checkpoint "
+                                  "and [1536, 384] in the model")
+
+
 def test_a_pooler_no_embedding_graph_reads_may_be_missing_and_its_report_stays_quiet(tmp_path: Path) -> None:
     from transformers import AutoModel
 
-    partial = without(minilm_dir(), tmp_path / "nopooler", lambda name: name.startswith("pooler."))
+    partial = rewritten(minilm_dir(), tmp_path / "nopooler", without("pooler."))
     names, _ = export_onnx(load_source(str(partial), "feature-extraction"), tmp_path / "model.onnx")
     assert names == ["input_ids", "attention_mask", "token_type_ids"]
 
