@@ -84,9 +84,9 @@ def _threshold(text: str) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from optimize.export import CheckedLoadReport
+    from optimize.export import CHECKED_LOAD_REPORT
 
-    logging.getLogger("transformers.modeling_utils").addFilter(CheckedLoadReport())
+    logging.getLogger("transformers.modeling_utils").addFilter(CHECKED_LOAD_REPORT)
     if args.command == "targets":
         return _targets()
     if args.command == "validate":

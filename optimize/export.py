@@ -31,6 +31,9 @@ class CheckedLoadReport(logging.Filter):
         return "LOAD REPORT" not in message or "CONVERSION" in message
 
 
+CHECKED_LOAD_REPORT = CheckedLoadReport()  # one instance: adding it again to a logger adds nothing
+
+
 def load_torch_model(source: SourceModel) -> Any:
     from transformers import (
         AutoModel,
