@@ -68,7 +68,9 @@ def load_torch_model(source: SourceModel) -> Any:
         more = f" (and {len(others)} more)" if others else ""
         raise UnsupportedModel(f"{source.path.name}'s weights do not fit its config.json: {key} is {list(stored)} in "
                                f"the checkpoint and {list(expected)} in the model{more}")
-    missing = ", ".join(sorted(loading["missing_keys"])[:3])
+    # a base model's pooler may be missing: only a classifier reads it, and the embedding graphs end before it
+    untrained = sorted(key for key in loading["missing_keys"] if not (cls is AutoModel and key.startswith("pooler.")))
+    missing = ", ".join(untrained[:3])
     if source.task == "sparse-embedding" and missing:
         # transformers would start the missing head from random weights: sparse vectors that look plausible
         raise UnsupportedModel(f"{source.path.name} has no trained masked-LM head (missing {missing}); SPLADE reads "
@@ -79,12 +81,10 @@ def load_torch_model(source: SourceModel) -> Any:
         raise UnsupportedModel(f"{source.path.name} has no trained {source.task} head (missing {missing}): pass a "
                                f"checkpoint fine-tuned for {source.task}, or --task feature-extraction for its "
                                "embeddings")
-    # a base model's pooler: only a classifier reads it, and the embedding graphs end before it
-    untrained = sorted(key for key in loading["missing_keys"] if not (cls is AutoModel and key.startswith("pooler.")))
     if untrained:
         # the artifact would carry random weights, and the reference other random ones: a parity failure at best
         more = f" and {len(untrained) - 3} more" if len(untrained) > 3 else ""
-        raise UnsupportedModel(f"{source.path.name} has no trained weights for {', '.join(untrained[:3])}{more}: "
+        raise UnsupportedModel(f"{source.path.name} has no trained weights for {missing}{more}: "
                                "transformers would start them from random values; pass the complete checkpoint")
     return model.eval()
 
