@@ -10,6 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model, weights_left_on_disk
+from optimize.padding_mask import MASK, padding_mask, padding_terms
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -73,8 +74,9 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     size] (a relative position bias, rotary Q and K), as ONNX's Attention: one kernel instead of two MatMuls, the
     scale, the Adds and the Softmax. Terms every layer adds alike (a position bias and the padding mask) are summed
     once; the answers are bit-identical where the scale is a power of two and the terms past the first are such a
-    mask (0 or the lowest float). Where Q, K and V are projections split into heads (a rotary embedding after the
-    split is moved before its transpose) and the output is merged back, Attention takes and answers the merged
+    mask (0 or the lowest float); transformers' padding mask is made in seven operators instead of its export's
+    30-odd (optimize/padding_mask.py). Where Q, K and V are projections split into heads (a rotary embedding after
+    the split is moved before its transpose) and the output is merged back, Attention takes and answers the merged
     [batch, sequence, heads x size] tensors, and the Reshapes and Transposes go. The model as it was, and 0, where
     no attention is written out so, or the graph cannot be lifted to opset 23."""
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -97,8 +99,25 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             node.input[index] = name
         added.update((node.output[0], node) for node in merged.added)
     by_output = {id(core.output): core for core in cores}
+    padding = padding_terms(lifted, [term for core in cores for term in core.terms], shapes)
     sums: dict[tuple[str, ...], str] = {}
     nodes: list[onnx.NodeProto] = []
+    if len(set(padding.values())) == 1:
+        nodes += padding_mask(lifted.graph, next(iter(padding.values())))
+    else:
+        padding = {}
+    producers = {out: node for node in lifted.graph.node for out in node.output}
+
+    def summed(term: str) -> str:
+        """The term as it is added beside the padding mask, [batch, 1, sequence, sequence]: a rank-4 tensor
+        Expanded to the scores' shape goes in as it is (the sum broadcasts it, Attention broadcasts the heads)."""
+        if term in padding:
+            return MASK
+        node = producers.get(term)
+        if node is not None and node.op_type == "Expand" and len(shapes.get(node.input[0], ())) == 4:
+            return str(node.input[0])
+        return term
+
     for node in lifted.graph.node:
         core = by_output.get(id(node))
         if core is None:
@@ -107,10 +126,10 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             continue
         inputs = [core.query, core.key, core.value]
         if core.terms:
-            key = tuple(core.terms)
+            key = tuple(map(summed, core.terms)) if padding.keys() & set(core.terms) else tuple(core.terms)
             if key not in sums:
-                total = core.terms[0]
-                for index, term in enumerate(core.terms[1:]):
+                total = key[0]
+                for index, term in enumerate(key[1:]):
                     name = f"written_attention/terms{len(sums)}/{index}"
                     nodes.append(helper.make_node("Add", [total, term], [name], name=name))
                     total = name

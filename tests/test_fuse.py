@@ -4,10 +4,12 @@ import os
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine import DISABLED_OPTIMIZERS
 from optimize.fuse import split_skip_layer_norms, written_attention
+from optimize.padding_mask import MASK
 
 
 def _graph(with_bias: bool) -> onnx.ModelProto:
@@ -66,11 +68,13 @@ HEADS, SIZE = 2, 4
 WIDTH = HEADS * SIZE
 
 
-def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice: bool = False) -> onnx.ModelProto:
+def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice: bool = False,
+                             mask: str = "given") -> onnx.ModelProto:
     """Two layers of attention as an export writes it out: the first as MPNet (K^T from [batch, sequence, heads,
     size], scores divided by 8), the second as a rotary family (Q and K turned by cos and sin after the split, K^T
     from [batch, heads, sequence, size], scores multiplied by 1/8); both add the same position bias and padding
-    mask."""
+    mask. `mask`: "given" as an input [batch, 1, 1, sequence], or computed as transformers does from
+    attention_mask ("padding"), the same with a window of 2 tokens ("window"), or from the token ids ("ids")."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array([0, 0, HEADS, SIZE], np.int64), "heads"),
              numpy_helper.from_array(np.array([0, 0, WIDTH], np.int64), "merged"),
@@ -99,6 +103,15 @@ def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice:
             helper.make_node("Add", [f"{p}/cos", f"{p}/sin"], [f"{tensor}/rotated"])])
         return f"{tensor}/rotated"
 
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", WIDTH]),
+              helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, HEADS, "s", "s"]),
+              helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, 1, "s", SIZE]),
+              helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", SIZE])]
+    if mask == "given":
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"]))
+    else:
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"]))
+        nodes += _computed_mask(mask, inits, inputs)
     x = "x"
     for layer, k_perm in enumerate(((0, 2, 3, 1), (0, 1, 3, 2))):
         p = f"layer{layer}"
@@ -130,28 +143,66 @@ def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice:
         outputs.append(helper.make_tensor_value_info("layer1/probs", TensorProto.FLOAT, None))
     if split_read_twice:
         outputs.append(helper.make_tensor_value_info("layer0/vt", TensorProto.FLOAT, None))
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", WIDTH]),
-              helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, HEADS, "s", "s"]),
-              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["b", 1, 1, "s"]),
-              helper.make_tensor_value_info("cos", TensorProto.FLOAT, [1, 1, "s", SIZE]),
-              helper.make_tensor_value_info("sin", TensorProto.FLOAT, [1, 1, "s", SIZE])]
     return helper.make_model(helper.make_graph(nodes, "written", inputs, outputs, inits),
                              opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _feeds() -> dict[str, np.ndarray]:
+def _computed_mask(kind: str, inits: list[onnx.TensorProto], inputs: list[onnx.ValueInfoProto]
+                   ) -> list[onnx.NodeProto]:
+    """`mask` [batch, 1, sequence, sequence], 0 where a query may attend a key and the lowest float elsewhere, as
+    transformers' export computes it: keys and query positions from Range over the sequence length (read from x's
+    shape), combined with And, broadcast by an Expand."""
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (
+        ("m/0", 0), ("m/1", 1), ("m/rows", [0, 1, 3]), ("m/cols", [0, 1, 2]), ("m/axes12", [1, 2]),
+        ("m/window", 2), ("m/pad", 0))]
+    inits += [numpy_helper.from_array(np.array(0, np.float32), "m/zero"),
+              numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "m/lowest")]
+    if kind == "ids":
+        inputs.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]))
+        kept = [helper.make_node("Equal", ["input_ids", "m/pad"], ["m/padded"]),
+                helper.make_node("Not", ["m/padded"], ["m/kept"])]
+    else:
+        kept = [helper.make_node("Cast", ["attention_mask"], ["m/kept"], to=TensorProto.BOOL)]
+    nodes = [*kept,
+             helper.make_node("Unsqueeze", ["m/kept", "m/axes12"], ["m/keys"]),  # [b, 1, 1, s]
+             helper.make_node("Shape", ["x"], ["m/shape"]),
+             helper.make_node("Gather", ["m/shape", "m/1"], ["m/length"], axis=0),
+             helper.make_node("Range", ["m/0", "m/length", "m/1"], ["m/positions"]),
+             helper.make_node("Unsqueeze", ["m/positions", "m/rows"], ["m/queried"]),  # [1, 1, s, 1]
+             helper.make_node("GreaterOrEqual", ["m/queried", "m/0"], ["m/queries"]),
+             helper.make_node("And", ["m/keys", "m/queries"], ["m/allowed"])]
+    allowed = "m/allowed"
+    if kind == "window":
+        nodes += [helper.make_node("Unsqueeze", ["m/positions", "m/cols"], ["m/keyed"]),  # [1, 1, 1, s]
+                  helper.make_node("Sub", ["m/keyed", "m/queried"], ["m/apart"]),
+                  helper.make_node("Abs", ["m/apart"], ["m/distance"]),
+                  helper.make_node("LessOrEqual", ["m/distance", "m/window"], ["m/near"]),
+                  helper.make_node("And", ["m/allowed", "m/near"], ["m/allowed_near"])]
+        allowed = "m/allowed_near"
+    return [*nodes, helper.make_node("Where", [allowed, "m/zero", "m/lowest"], ["mask"])]
+
+
+def _feeds(model: onnx.ModelProto | None = None) -> dict[str, np.ndarray]:
+    """The inputs of _written_attention_graph(); for `model`, those it reads, attention_mask and input_ids with them
+    (the same padding as `mask`, and a hole)."""
     rng = np.random.default_rng(1)
     mask = np.zeros((3, 1, 1, 6), np.float32)
     mask[0, ..., 4:] = np.finfo(np.float32).min  # a padded input
     angles = rng.uniform(0, 6, (1, 1, 6, SIZE)).astype(np.float32)
-    return {"x": rng.normal(0, 1, (3, 6, WIDTH)).astype(np.float32),
-            "bias": rng.normal(0, 1, (1, HEADS, 6, 6)).astype(np.float32), "mask": mask,
-            "cos": np.cos(angles), "sin": np.sin(angles)}
+    feeds = {"x": rng.normal(0, 1, (3, 6, WIDTH)).astype(np.float32),
+             "bias": rng.normal(0, 1, (1, HEADS, 6, 6)).astype(np.float32), "mask": mask,
+             "cos": np.cos(angles), "sin": np.sin(angles)}
+    if model is None:
+        return feeds
+    attention_mask = (mask[:, 0, 0] == 0).astype(np.int64)
+    attention_mask[2, 2] = 0
+    feeds.update(attention_mask=attention_mask, input_ids=attention_mask * 7)  # token 0 is the padding
+    return {i.name: feeds[i.name] for i in model.graph.input}
 
 
 def _answers(model: onnx.ModelProto) -> list[np.ndarray]:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, _feeds())
+    return session.run(None, _feeds(model))
 
 
 def test_written_out_attention_becomes_onnx_attention_with_the_same_answers():
@@ -226,3 +277,31 @@ def test_a_graph_whose_weights_are_in_a_file_fuses_as_it_does_in_one_file(artifa
     weights = {path: {t.name: numpy_helper.to_array(t).tobytes() for t in fused[path].graph.initializer}
                for path in fused}
     assert weights[one] == weights[split]
+
+
+def test_the_padding_mask_transformers_computes_is_found_and_made_in_seven_operators():
+    model = _written_attention_graph(mask="padding")
+    rewritten, count = written_attention(model)
+    assert count == 2
+    ops = [node.op_type for node in rewritten.graph.node]
+    assert {"Range", "GreaterOrEqual", "And"}.isdisjoint(ops), ops
+    made = {node.output[0]: node for node in rewritten.graph.node}
+    attention = [node for node in rewritten.graph.node if node.op_type == "Attention"]
+    (total,) = {node.input[3] for node in attention}
+    # the position bias goes in as it is, beside the mask, which the sum broadcasts to [batch, heads, ...]
+    assert sorted(made[total].input) == ["bias", MASK], made[total]
+    assert [node.op_type for node in rewritten.graph.node if node.name.startswith(MASK)] == [
+        "Cast", "Unsqueeze", "Where", "Shape", "Shape", "Concat", "Expand"]
+    np.testing.assert_array_equal(_answers(rewritten)[0], _answers(model)[0])
+
+
+@pytest.mark.parametrize("kind", ["window", "ids"])
+def test_a_mask_that_is_more_than_the_padding_keeps_its_operators(kind):
+    """A sliding window, or a mask read from the token ids rather than attention_mask, is not the padding mask:
+    written as exported, with the same answers."""
+    model = _written_attention_graph(mask=kind)
+    rewritten, count = written_attention(model)
+    assert count == 2
+    assert not any(node.name.startswith(MASK) for node in rewritten.graph.node)
+    assert "And" in [node.op_type for node in rewritten.graph.node]
+    np.testing.assert_array_equal(_answers(rewritten)[0], _answers(model)[0])

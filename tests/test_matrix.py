@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 from infinity.manifest import Manifest
+from optimize.padding_mask import MASK
 from tests.models import FAMILIES, build_tiny_family
 from tests.servers import running
 
@@ -25,6 +26,8 @@ ATTENTION_FUSED = {"bert", "distilbert", "roberta", "xlm-roberta", "camembert", 
 # made ONNX's Attention by the optimizer's own rewrite; deberta-v2's disentangled attention stays as exported
 WRITTEN_ATTENTION = {"albert": 1, "mpnet": 2, "modernbert": 2, "nomic_bert": 2, "gte": 2, "jina_embeddings_v3": 2}
 TASKS = ("feature-extraction", "sequence-classification")
+# of those, the layers whose mask is the padding alone (modernbert's sliding layer masks a window too)
+PADDING_MASKED = {"albert": 1, "mpnet": 2, "modernbert": 1, "nomic_bert": 2, "gte": 2, "jina_embeddings_v3": 2}
 
 
 @pytest.fixture(scope="session")
@@ -106,10 +109,21 @@ def test_family_fuses_what_onnxruntime_can_and_records_the_rest(family, family_a
     assert len(written) == WRITTEN_ATTENTION.get(family, 0), fusion
     # every one reads its projections merged, [batch, sequence, hidden] (a rotary family's turned before the split)
     assert all(any(a.name == "q_num_heads" for a in node.attribute) for node in written)
+    # transformers' padding mask, found by what it computes, in seven operators instead of its export's 30-odd
+    made = {output: node for node in graph.node for output in node.output}
+    assert sum(_padding_read(made, node.input[3]) for node in written) == PADDING_MASKED.get(family, 0), family
     if family in ATTENTION_FUSED or family in WRITTEN_ATTENTION:
         assert fusion["Attention"] == 2 and not manifest.optimization.fusion_gaps, fusion
     else:
         assert any("attention not fused" in gap for gap in manifest.optimization.fusion_gaps), fusion
+
+
+def _padding_read(made: dict[str, onnx.NodeProto], term: str) -> bool:
+    """Whether the sum of terms an Attention adds to its scores reads the padding mask written_attention makes."""
+    node = made.get(term)
+    if term == MASK:
+        return True
+    return node is not None and node.op_type == "Add" and any(_padding_read(made, name) for name in node.input)
 
 
 @pytest.mark.slow
