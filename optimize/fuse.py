@@ -38,6 +38,7 @@ class FusionResult:
     gaps: list[str] = field(default_factory=list)
     model_type: str | None = None  # the onnxruntime optimizer's model type used, None when nothing was fused
     split_layer_norms: int = 0  # SkipLayerNormalization nodes written back as Add + LayerNormalization (CPU)
+    padding_mask: bool = False  # the export's padding mask made in seven operators (padding_mask.py)
 
 
 def split_skip_layer_norms(graph: onnx.GraphProto) -> int:
@@ -476,10 +477,11 @@ def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,
         rewritten.remove_unused_constant()
         rewritten.clean_initializers()
         split = 0 if for_gpu else split_skip_layer_norms(optimized.model.graph)
+        made_mask = any(node.output[0] == MASK for node in optimized.model.graph.node)
     save_model(optimized.model, dst, external_data_bytes, weights_from=src.parent)
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", 0)
     gaps = [f"expected {name} fusions for {layers} layers, found {stats.get(name, 0)}"
             for name in EXPECTED if layers and stats.get(name, 0) < layers]
     if layers and stats.get("Attention", 0) < layers and config.model_type in ATTENTION_GAPS:
         gaps.append(f"attention not fused ({config.model_type}): {ATTENTION_GAPS[config.model_type]}")
-    return FusionResult(stats, gaps, model_type, split)
+    return FusionResult(stats, gaps, model_type, split, made_mask)

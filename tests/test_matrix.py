@@ -112,6 +112,8 @@ def test_family_fuses_what_onnxruntime_can_and_records_the_rest(family, family_a
     # transformers' padding mask, found by what it computes, in seven operators instead of its export's 30-odd
     made = {output: node for node in graph.node for output in node.output}
     assert sum(_padding_read(made, node.input[3]) for node in written) == PADDING_MASKED.get(family, 0), family
+    said = [note for note in manifest.optimization.notes if "padding mask" in note]
+    assert len(said) == (family in PADDING_MASKED), manifest.optimization.notes
     if family in ATTENTION_FUSED or family in WRITTEN_ATTENTION:
         assert fusion["Attention"] == 2 and not manifest.optimization.fusion_gaps, fusion
     else:
