@@ -4,7 +4,8 @@ transformers builds it from attention_mask with 30-odd shape, index and logic op
 Unsqueeze, GreaterOrEqual, And, Expand, Where and their shapes), which onnxruntime runs on every call: about 3 % of
 all-mpnet-base-v2's INT8 time at 8 tokens. A term qualifies when it reads attention_mask's values and other tensors'
 shapes only, and evaluates, at several sizes with padded and holed rows, to where(attention_mask, 0, lowest) over
-[batch, 1, sequence, sequence]; its replacement computes exactly that, so the answers stay bit-identical. Anything
+[batch, 1, sequence, sequence]; its replacement computes exactly that, so the answers stay bit-identical. An older export's (1 - mask) x lowest
+over [batch, 1, 1, sequence] qualifies too. Anything
 else (a sliding window, a mask read from the token ids) keeps its own operators.
 """
 from __future__ import annotations
@@ -133,8 +134,10 @@ def _evaluated(model: onnx.ModelProto, source: onnx.ValueInfoProto, term: str, n
             feeds = {name: np.array([size[sizes[d]] if d in sizes else d for d in shape], np.int64)
                      for name, shape in read_shapes.items()}
             (value,) = session.run(None, {SOURCE: mask, **feeds})
-            keep = np.broadcast_to(mask.astype(bool)[:, None, None, :], (size[0], 1, size[1], size[1]))
-            if value.shape != keep.shape or value.dtype != np.float32 or np.any(value[keep] != 0):
+            if value.shape not in ((size[0], 1, size[1], size[1]), (size[0], 1, 1, size[1])):
+                return None  # a mask per head, or of another layout
+            keep = np.broadcast_to(mask.astype(bool)[:, None, None, :], value.shape)
+            if value.dtype != np.float32 or np.any(value[keep] != 0):
                 return None
             lowest.update(np.unique(value[~keep]).tolist())
     except Exception:  # noqa: BLE001  a cone onnxruntime cannot run alone is not rewritten

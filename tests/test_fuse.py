@@ -74,7 +74,8 @@ def _written_attention_graph(softmax_read_twice: bool = False, split_read_twice:
     size], scores divided by 8), the second as a rotary family (Q and K turned by cos and sin after the split, K^T
     from [batch, heads, sequence, size], scores multiplied by 1/8); both add the same position bias and padding
     mask. `mask`: "given" as an input [batch, 1, 1, sequence], or computed as transformers does from
-    attention_mask ("padding"), the same with a window of 2 tokens ("window"), or from the token ids ("ids")."""
+    attention_mask ("padding"; "scaled" as older exports did), the same with a window of 2 tokens ("window"), or
+    from the token ids ("ids")."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array([0, 0, HEADS, SIZE], np.int64), "heads"),
              numpy_helper.from_array(np.array([0, 0, WIDTH], np.int64), "merged"),
@@ -156,7 +157,13 @@ def _computed_mask(kind: str, inits: list[onnx.TensorProto], inputs: list[onnx.V
         ("m/0", 0), ("m/1", 1), ("m/rows", [0, 1, 3]), ("m/cols", [0, 1, 2]), ("m/axes12", [1, 2]),
         ("m/window", 2), ("m/pad", 0))]
     inits += [numpy_helper.from_array(np.array(0, np.float32), "m/zero"),
+              numpy_helper.from_array(np.array(1, np.float32), "m/one"),
               numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "m/lowest")]
+    if kind == "scaled":  # as transformers' get_extended_attention_mask: (1 - mask) x lowest, [b, 1, 1, s]
+        return [helper.make_node("Cast", ["attention_mask"], ["m/float"], to=TensorProto.FLOAT),
+                helper.make_node("Unsqueeze", ["m/float", "m/axes12"], ["m/keys"]),
+                helper.make_node("Sub", ["m/one", "m/keys"], ["m/dropped"]),
+                helper.make_node("Mul", ["m/dropped", "m/lowest"], ["mask"])]
     if kind == "ids":
         inputs.append(helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]))
         kept = [helper.make_node("Equal", ["input_ids", "m/pad"], ["m/padded"]),
@@ -279,12 +286,13 @@ def test_a_graph_whose_weights_are_in_a_file_fuses_as_it_does_in_one_file(artifa
     assert weights[one] == weights[split]
 
 
-def test_the_padding_mask_transformers_computes_is_found_and_made_in_seven_operators():
-    model = _written_attention_graph(mask="padding")
+@pytest.mark.parametrize("kind", ["padding", "scaled"])
+def test_the_padding_mask_transformers_computes_is_found_and_made_in_seven_operators(kind):
+    model = _written_attention_graph(mask=kind)
     rewritten, count = written_attention(model)
     assert count == 2
     ops = [node.op_type for node in rewritten.graph.node]
-    assert {"Range", "GreaterOrEqual", "And"}.isdisjoint(ops), ops
+    assert {"Range", "GreaterOrEqual", "And", "Sub"}.isdisjoint(ops), ops
     made = {node.output[0]: node for node in rewritten.graph.node}
     attention = [node for node in rewritten.graph.node if node.op_type == "Attention"]
     (total,) = {node.input[3] for node in attention}
