@@ -104,7 +104,7 @@ def written_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     sums: dict[tuple[str, ...], str] = {}
     nodes: list[onnx.NodeProto] = []
     if len(set(padding.values())) == 1:
-        nodes += padding_mask(lifted.graph, next(iter(padding.values())))
+        nodes += padding_mask(lifted.graph, MASK, next(iter(padding.values())))
     else:
         padding = {}
     producers = {out: node for node in lifted.graph.node for out in node.output}

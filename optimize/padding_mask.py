@@ -39,26 +39,30 @@ def padding_terms(model: onnx.ModelProto, terms: Iterable[str], shapes: Shapes) 
     return found
 
 
-def padding_mask(graph: onnx.GraphProto, lowest: float) -> list[onnx.NodeProto]:
-    """The nodes that answer MASK: where(attention_mask, 0, lowest) over [batch, 1, sequence, sequence]."""
-    p = MASK
+def padding_mask(graph: onnx.GraphProto, name: str, lowest: float | None = None) -> list[onnx.NodeProto]:
+    """The nodes that answer `name`: attention_mask as ONNX's Attention takes it, [batch, 1, sequence, sequence],
+    True where a key is kept; with `lowest`, 0 there and `lowest` elsewhere."""
+    p = name
 
-    def const(name: str, value: np.ndarray) -> str:
-        graph.initializer.append(numpy_helper.from_array(value, f"{p}/{name}"))
-        return f"{p}/{name}"
+    def const(part: str, value: np.ndarray) -> str:
+        graph.initializer.append(numpy_helper.from_array(value, f"{p}/{part}"))
+        return f"{p}/{part}"
 
-    return [
-        helper.make_node("Cast", [SOURCE], [f"{p}/keep"], name=f"{p}/Cast", to=onnx.TensorProto.BOOL),
-        helper.make_node("Unsqueeze", [f"{p}/keep", const("axes", np.array([1, 2], np.int64))], [f"{p}/keys"],
-                         name=f"{p}/Unsqueeze"),
-        helper.make_node("Where", [f"{p}/keys", const("zero", np.array(0, np.float32)),
-                                   const("lowest", np.array(lowest, np.float32))], [f"{p}/row"], name=f"{p}/Where"),
-        helper.make_node("Shape", [SOURCE], [f"{p}/batch"], name=f"{p}/ShapeBatch", end=1),
-        helper.make_node("Shape", [SOURCE], [f"{p}/sequence"], name=f"{p}/ShapeSequence", start=1, end=2),
-        helper.make_node("Concat", [f"{p}/batch", const("one", np.array([1], np.int64)), f"{p}/sequence",
-                                    f"{p}/sequence"], [f"{p}/shape"], name=f"{p}/Concat", axis=0),
-        helper.make_node("Expand", [f"{p}/row", f"{p}/shape"], [p], name=f"{p}/Expand"),
-    ]
+    keys = f"{p}/keys"
+    nodes = [helper.make_node("Cast", [SOURCE], [f"{p}/bool"], name=f"{p}/Cast", to=onnx.TensorProto.BOOL),
+             helper.make_node("Unsqueeze", [f"{p}/bool", const("axes", np.array([1, 2], np.int64))], [keys],
+                              name=f"{p}/Unsqueeze")]
+    if lowest is not None:
+        nodes.append(helper.make_node("Where", [keys, const("zero", np.array(0, np.float32)),
+                                                const("lowest", np.array(lowest, np.float32))], [f"{p}/row"],
+                                      name=f"{p}/Where"))
+        keys = f"{p}/row"
+    return [*nodes,
+            helper.make_node("Shape", [SOURCE], [f"{p}/batch"], name=f"{p}/ShapeBatch", end=1),
+            helper.make_node("Shape", [SOURCE], [f"{p}/sequence"], name=f"{p}/ShapeSequence", start=1, end=2),
+            helper.make_node("Concat", [f"{p}/batch", const("one", np.array([1], np.int64)), f"{p}/sequence",
+                                        f"{p}/sequence"], [f"{p}/shape"], name=f"{p}/Concat", axis=0),
+            helper.make_node("Expand", [keys, f"{p}/shape"], [p], name=f"{p}/Expand")]
 
 
 def _cone(graph: onnx.GraphProto, term: str, shapes: Shapes

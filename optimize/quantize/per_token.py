@@ -34,6 +34,7 @@ from onnx import helper, numpy_helper
 
 from optimize.calibrate import Bounds, peaks
 from optimize.onnxio import ATTENTION_OPSET, activation_ranks, converted, save_model
+from optimize.padding_mask import padding_mask
 from optimize.quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
@@ -421,18 +422,8 @@ class _AttentionMask:
 
     def get(self) -> str:
         if self.source and not self.made:
-            p = self.made = "per_token/attention_mask"
-            axes = _const(self.graph, f"{p}/axes", np.array([1, 2], np.int64))
-            self.nodes += [
-                helper.make_node("Cast", [self.source], [f"{p}/bool"], name=f"{p}/Cast", to=onnx.TensorProto.BOOL),
-                helper.make_node("Unsqueeze", [f"{p}/bool", axes], [f"{p}/keys"], name=f"{p}/Unsqueeze"),
-                helper.make_node("Shape", [self.source], [f"{p}/batch"], name=f"{p}/ShapeBatch", end=1),
-                helper.make_node("Shape", [self.source], [f"{p}/sequence"], name=f"{p}/ShapeSequence", start=1, end=2),
-                helper.make_node("Concat", [f"{p}/batch", _const(self.graph, f"{p}/one", np.array([1], np.int64)),
-                                            f"{p}/sequence", f"{p}/sequence"], [f"{p}/shape"], name=f"{p}/Concat",
-                                 axis=0),
-                helper.make_node("Expand", [f"{p}/keys", f"{p}/shape"], [p], name=f"{p}/Expand"),
-            ]
+            self.made = "per_token/attention_mask"
+            self.nodes += padding_mask(self.graph, self.made)
         return self.made
 
 
