@@ -30,10 +30,12 @@ def padding_terms(model: onnx.ModelProto, terms: Iterable[str], shapes: Shapes) 
     source = next((i for i in model.graph.input if i.name == SOURCE), None)
     if source is None:
         return {}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    initializers = {init.name: init for init in model.graph.initializer}
     found = {}
     for term in dict.fromkeys(terms):
-        cone = _cone(model.graph, term, shapes)
-        lowest = None if cone is None else _evaluated(model, source, term, *cone)
+        cone = _cone(model.graph, term, shapes, producers, initializers)
+        lowest = None if cone is None else _evaluated(model, source, term, initializers, *cone)
         if lowest is not None:
             found[term] = lowest
     return found
@@ -65,12 +67,10 @@ def padding_mask(graph: onnx.GraphProto, name: str, lowest: float | None = None)
             helper.make_node("Expand", [keys, f"{p}/shape"], [p], name=f"{p}/Expand")]
 
 
-def _cone(graph: onnx.GraphProto, term: str, shapes: Shapes
-          ) -> tuple[list[onnx.NodeProto], dict[str, list[int | str]]] | None:
+def _cone(graph: onnx.GraphProto, term: str, shapes: Shapes, producers: dict[str, onnx.NodeProto],
+          initializers: dict[str, onnx.TensorProto]) -> tuple[list[onnx.NodeProto], dict[str, list[int | str]]] | None:
     """(the nodes that compute `term` from attention_mask, in graph order, Shapes left out; the shape each left-out
     Shape reads, by its output), or None where the term reads any other value, a large constant or a subgraph."""
-    producers = {out: node for node in graph.node for out in node.output}
-    initializers = {init.name: init for init in graph.initializer}
     inputs = {i.name for i in graph.input}
     cone: dict[int, onnx.NodeProto] = {}
     read_shapes: dict[str, list[int | str]] = {}
@@ -106,7 +106,8 @@ def _cone(graph: onnx.GraphProto, term: str, shapes: Shapes
     return [node for node in graph.node if id(node) in cone], read_shapes
 
 
-def _evaluated(model: onnx.ModelProto, source: onnx.ValueInfoProto, term: str, nodes: list[onnx.NodeProto],
+def _evaluated(model: onnx.ModelProto, source: onnx.ValueInfoProto, term: str,
+               initializers: dict[str, onnx.TensorProto], nodes: list[onnx.NodeProto],
                read_shapes: dict[str, list[int | str]]) -> float | None:
     """The term's lowest value where it equals where(attention_mask, 0, lowest) at every size of SIZES, else None."""
     import onnxruntime as ort
@@ -118,7 +119,6 @@ def _evaluated(model: onnx.ModelProto, source: onnx.ValueInfoProto, term: str, n
     if any(d not in sizes and not isinstance(d, int) for shape in read_shapes.values() for d in shape):
         return None  # a shape in another size than the batch or the sequence
     kind = helper.tensor_dtype_to_np_dtype(source.type.tensor_type.elem_type)
-    initializers = {init.name: init for init in model.graph.initializer}
     read = {name for node in nodes for name in node.input}
     graph = helper.make_graph(
         nodes, "padding", [source, *(helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [len(shape)])
