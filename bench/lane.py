@@ -2,6 +2,7 @@
 
     python -m bench.lane <artifact dir> [--compare paths|options|same] [--concurrency 1 16 64] [--rounds 8]
                          [--seconds 2] [--threads 2] [--serve-args "--no-spin-wait ..."]
+                         [--server-cpus 0-3 --client-cpus 8]
 
 `paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
 protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
@@ -10,11 +11,14 @@ and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("
 servers, to see the bench's own bias. Each round starts every server afresh, in a shuffled order; per round and
 concurrency (one 9-token text per request, keep-alive clients), the servers take turns; the report gives median
 req/s and p99 per server, and each server's ratio to the last one ("usual", "off", "e") per round.
+`--server-cpus` and `--client-cpus` pin the servers and the load generator (with the collector) to CPUs of their
+own, as on a server host whose clients run elsewhere; by default every process may run on every CPU.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shlex
 import socket
@@ -27,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.loadgen import closed_loop
-from bench.process import Server, free_port
+from bench.process import Server, cpu_list, free_port
 
 KEY = "bench-lane-key"
 TEXT = "Infinity serves embeddings fast."  # 9 tokens with the MiniLM tokenizer's [CLS] and [SEP]
@@ -36,11 +40,12 @@ WITHOUT_LANE = ("import sys, infinity.http.server as server; server.lane_protoco
 CONCURRENCY = (1, 16, 64)
 
 
-def start(artifact: Path, threads: int, lane: bool, *options: str, common: Sequence[str] = ()) -> Server:
+def start(artifact: Path, threads: int, lane: bool, *options: str, common: Sequence[str] = (),
+          cpus: set[int] | None = None) -> Server:
     port = free_port()
     entry = ["-m", "infinity"] if lane else ["-c", WITHOUT_LANE]
     server = Server([sys.executable, *entry, "serve", str(artifact), "--port", str(port), "--threads", str(threads),
-                     *common, *options], port)
+                     *common, *options], port, cpus)
     server.wait_ready()
     return server
 
@@ -103,7 +108,7 @@ def specs_for(compare: str, collector: Collector) -> dict[str, Spec]:
 
 
 def start_all(specs: dict[str, Spec], artifact: Path, threads: int, common: Sequence[str],
-              rng: random.Random) -> dict[str, Server]:
+              rng: random.Random, cpus: set[int] | None = None) -> dict[str, Server]:
     """Each server started afresh, in a shuffled order, and warmed: a process's place in the start order moved
     its throughput by up to a tenth (five identical servers started once, `--compare same`)."""
     names = list(specs)
@@ -111,7 +116,7 @@ def start_all(specs: dict[str, Spec], artifact: Path, threads: int, common: Sequ
     started: dict[str, Server] = {}
     try:
         for name in names:
-            started[name] = start(artifact, threads, specs[name][0], *specs[name][1], common=common)
+            started[name] = start(artifact, threads, specs[name][0], *specs[name][1], common=common, cpus=cpus)
         for server in started.values():
             measure(server.port, 16, 1.0)
     except BaseException:  # none left running on the cores the next run measures
@@ -138,7 +143,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--serve-args", default="", help="more `infinity serve` arguments, for every server")
+    parser.add_argument("--server-cpus", type=cpu_list, help="CPUs the servers run on, as taskset lists them: 0-3")
+    parser.add_argument("--client-cpus", type=cpu_list, help="CPUs the load generator and the collector run on")
     args = parser.parse_args()
+    everywhere = os.sched_getaffinity(0)
+    if args.client_cpus is not None:
+        os.sched_setaffinity(0, args.client_cpus)  # before the collector starts: it inherits them
     collector = Collector()
     specs = specs_for(args.compare, collector)
     *others, baseline = specs
@@ -147,7 +157,8 @@ def main() -> int:
     rows: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in specs for c in levels}
     try:
         for round_ in range(args.rounds):
-            servers = start_all(specs, args.artifact, args.threads, shlex.split(args.serve_args), rng)
+            servers = start_all(specs, args.artifact, args.threads, shlex.split(args.serve_args), rng,
+                                args.server_cpus)
             try:
                 order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
                 for concurrency in levels:
@@ -164,8 +175,11 @@ def main() -> int:
 
     compared = {"paths": "API keys on", "same": "five identical servers (the bench's own bias)",
                 "options": "JSON logs, OTLP traces and an API key on, alone, or off"}[args.compare]
+    pinned = "" if args.server_cpus is None and args.client_cpus is None else \
+        f", servers on CPUs {sorted(args.server_cpus or everywhere)}, load generator on " \
+        f"{sorted(os.sched_getaffinity(0))}"
     print(f"{args.rounds} rounds of {args.seconds:g} s per cell, servers started afresh each round, one 9-token text "
-          f"per request, {compared}")
+          f"per request, {compared}{pinned}")
     print("| server | " + " | ".join(f"c{c} req/s | c{c} p99 ms" for c in levels) + " |")
     print("|---|" + "---|---|" * len(levels))
     for name in specs:

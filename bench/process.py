@@ -13,11 +13,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_list(text: str) -> set[int]:
+    """CPUs as taskset and /proc/cpuinfo number them: "0-3,8" -> {0, 1, 2, 3, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 class Server:
-    def __init__(self, command: list[str], port: int) -> None:
+    def __init__(self, command: list[str], port: int, cpus: set[int] | None = None) -> None:
+        """cpus: the only CPUs the server's threads may run on (all of them where None)."""
         self.port = port
         env = {**os.environ, "INFINITY_ALLOW_FAILED_PARITY": "true", "INFINITY_ALLOW_CPU_MISMATCH": "true"}
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        preexec_fn=pin)
 
     def wait_ready(self, seconds: float = 120) -> None:
         import urllib.request

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from bench.loadgen import closed_loop, open_loop
+from bench.process import Server, cpu_list
 from bench.stats import percentile, summarize
 from bench.texts import text_with_tokens
 from bench.vanilla_server import create_app
@@ -118,3 +120,14 @@ def test_the_profile_names_each_operator_types_share(minilm_fp32_artifact: Path)
     # the fp32 artifact as the server loads it: its residual LayerNorms stay unfused
     assert by_type.get("LayerNormalization", 0) > 0 and "SkipLayerNormalization" not in by_type
     assert by_type.get("Attention", 0) > 0 and run > 0
+
+
+def test_servers_can_be_pinned_to_cpus_of_their_own():
+    assert cpu_list("0-3,8") == {0, 1, 2, 3, 8}
+    assert cpu_list("5") == {5}
+    one = {min(os.sched_getaffinity(0))}
+    pinned = Server([sys.executable, "-c", "import time; time.sleep(60)"], 0, cpus=one)
+    try:
+        assert os.sched_getaffinity(pinned.process.pid) == one
+    finally:
+        pinned.stop()
