@@ -177,7 +177,7 @@ def main() -> int:
                 "options": "JSON logs, OTLP traces and an API key on, alone, or off"}[args.compare]
     pinned = "" if args.server_cpus is None and args.client_cpus is None else \
         f", servers on CPUs {sorted(args.server_cpus or everywhere)}, load generator on " \
-        f"{sorted(os.sched_getaffinity(0))}"
+        f"{sorted(args.client_cpus or everywhere)}"
     print(f"{args.rounds} rounds of {args.seconds:g} s per cell, servers started afresh each round, one 9-token text "
           f"per request, {compared}{pinned}")
     print("| server | " + " | ".join(f"c{c} req/s | c{c} p99 ms" for c in levels) + " |")
