@@ -2,6 +2,8 @@
 request lines come from infinity.observe."""
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import sys
 from datetime import datetime, timezone
@@ -38,9 +40,42 @@ def request_line(message: str, fields: dict[str, Any]) -> None:
     logging's record, formatter and handler cost the event loop 25 us a request, a tenth of its time per request
     at concurrency 16."""
     if request_log.isEnabledFor(logging.INFO):
-        line = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "level": "info",
-                "logger": request_log.name, "message": message, **fields}
-        sys.stderr.write(orjson.dumps(line, default=str).decode() + "\n")
+        request_lines.add(orjson.dumps({
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "level": "info",
+            "logger": request_log.name, "message": message, **fields}, default=str).decode())
+
+
+class Turn:
+    """The request lines of one turn of the event loop, written together as it ends: a write a line cost 5 % of
+    the requests per second at concurrency 16 on two vCPUs (Zen 5: JSON logs on / off 0.92, with one write a turn
+    0.97). Off the event loop, a line is written at once."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.due: asyncio.AbstractEventLoop | None = None  # the loop that writes them at its turn's end
+        atexit.register(self.write)  # a turn that the loop's close cut short
+
+    def add(self, line: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self.lines.append(line)
+        if loop is None:
+            self.write()
+        elif loop is not self.due:
+            self.due = loop
+            loop.call_soon(self.write)
+
+    def write(self) -> None:
+        self.due = None
+        if self.lines:
+            text = "\n".join(self.lines) + "\n"
+            self.lines.clear()
+            sys.stderr.write(text)
+
+
+request_lines = Turn()
 
 
 def setup(level: str, json_lines: bool) -> None:

@@ -4,6 +4,7 @@ Inference Protocol through tritonclient, and the JSON log lines with request ids
 /predict's answer from the same server."""
 from __future__ import annotations
 
+import asyncio
 import gzip
 import itertools
 import json
@@ -126,6 +127,34 @@ def test_json_logs_carry_the_request_id_route_status_and_timings(sagemaker: tupl
     assert (line["route"], line["status"], line["method"]) == ("/invocations", 200, "POST")
     assert line["total_ms"] >= line["inference_ms"] > 0 and line["queue_ms"] >= 0
     assert {"time", "message"} <= set(line)
+
+
+def test_request_lines_of_one_turn_of_the_event_loop_go_out_in_one_write(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from infinity.logs import request_line
+
+    class Stderr:
+        writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+    caplog.set_level("INFO", logger="infinity.request")
+    monkeypatch.setattr(sys, "stderr", Stderr())
+
+    async def turn() -> list[str]:
+        for status in (200, 422, 429):
+            request_line(f"POST /embed {status}", {"status": status})
+        written_during_the_turn = list(Stderr.writes)
+        await asyncio.sleep(0)
+        return written_during_the_turn
+
+    assert asyncio.run(turn()) == []
+    (written,) = Stderr.writes
+    assert [json.loads(line)["status"] for line in written.splitlines()] == [200, 422, 429]
+    request_line("POST /embed 200", {"status": 200})  # off the event loop: at once
+    assert len(Stderr.writes) == 2 and json.loads(Stderr.writes[1])["status"] == 200
 
 
 # Vertex AI

@@ -158,7 +158,7 @@ class LaneConnection(GuardedConnection):
             await self.flow.drain()  # a client that does not read its answers gets no more of them
 
     def _write(self, seen: Seen, response: Response) -> None:
-        # logged first, so that a client that has its answer finds the lines
+        # the access line is written before the answer, so that a client that has its answer finds it
         self.shared.log_access(self.client, "POST", seen.path, "1.1", response.status_code)
         self.lane.observers.end(seen, response.status_code, response.raw_headers)
         self.transport.write(wire(response, self.shared.default_headers, self.closing, (seen.header,)))
