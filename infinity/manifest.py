@@ -233,6 +233,7 @@ class Parity:
     probe_set: str = ""  # which texts: the held-out validation set, never the ones the optimizer tuned on
     modes: dict[str, dict[str, float]] = field(default_factory=dict)  # metrics per way of serving: alone, batched
     batch_invariance: dict[str, float] = field(default_factory=dict)  # an input's answer alone vs inside a batch
+    provider: str = ""  # the onnxruntime execution provider the held-out answers came from
 
 
 @dataclass

@@ -161,6 +161,7 @@ def _validate(artifact: Path, model: str | None) -> int:
         print(f"multiverse: error: {exc}", file=sys.stderr)
         return 2
     result = checked.result
+    print(f"on {checked.provider}")
     for mode, metrics in checked.modes.items():
         print(f"{mode}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     print("worst: " + ", ".join(f"{k}={v:.4f}" for k, v in result.metrics.items()))

@@ -39,7 +39,14 @@ from optimize.validate.latency import latency_table, median_latency_ms
 from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
 from optimize.validate.probes import probe_inputs
 from optimize.validate.reference import Outputs, torch_reference
-from optimize.validate.served import ServedParity, embedding_ranges, load_candidate, served_parity
+from optimize.validate.served import (
+    CPU,
+    ServedParity,
+    embedding_ranges,
+    load_as_served,
+    load_candidate,
+    served_parity,
+)
 
 Log = Callable[[str], None]
 
@@ -225,17 +232,21 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 log("  WARNING: every quantized node broke parity; the artifact is effectively float")
         elif precision == "fp16":
             _to_fp16(fused, final)
-            notes.append("FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); "
-                         "fp16 arithmetic itself runs only on the GPU")
         else:
             copy_model(fused, final, options.external_data_bytes)
             log("  float model: no quantization")
         if options.external_data_bytes is not None:  # a threshold below the default also splits a smaller model
             copy_model(final, final, options.external_data_bytes)
     with stages.stage("validate"):
-        artifact_model = load_candidate(staging, draft, final, options.threads)
+        artifact_model = load_as_served(staging, draft, final, options.threads, tokenizer)
         checked = served_parity(artifact_model, heldout, heldout_reference, thresholds)
         parity = checked.result
+        log(f"  validated on {checked.provider}")
+        if precision == "fp16":
+            notes.append(f"FP16 validated on {checked.provider} (the GPU's fp16 arithmetic, as served)"
+                         if checked.provider != CPU
+                         else "FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); fp16 "
+                              "arithmetic itself runs only on the GPU")
         log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
         log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
         facts = draft.task
@@ -262,7 +273,7 @@ def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages:
                 draft.parity, metrics=parity.metrics, passed=parity.passed, failures=parity.failures,
                 host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
                 overridden=not parity.passed, probe_set=HELDOUT_DESCRIPTION, modes=checked.modes,
-                batch_invariance=checked.batch_invariance),
+                batch_invariance=checked.batch_invariance, provider=checked.provider),
             created_at=package.now(),
         )
         manifest.save(staging)

@@ -181,6 +181,12 @@ def test_gpu_artifacts_have_fp16_weights_and_provider_settings(artifact_for, tar
                         "token_type_ids": onnx.TensorProto.INT64, "last_hidden_state": onnx.TensorProto.FLOAT}
     assert manifest.model.precision == "fp16" and manifest.parity.passed
     assert manifest.target.providers[-1] == "CPUExecutionProvider"
+    # parity as served: on the GPU where the session gets it, else fp16 weights in the CPU's fp32 arithmetic
+    assert manifest.parity.provider in manifest.target.providers
+    if manifest.parity.provider == "CPUExecutionProvider":
+        assert any("validated on this host's CPU provider" in note for note in manifest.optimization.notes)
+    else:
+        assert any("validated on " + manifest.parity.provider in note for note in manifest.optimization.notes)
     if target == "tensorrt":
         options = manifest.target.provider_options["TensorrtExecutionProvider"]
         assert options["trt_fp16_enable"] and options["trt_engine_cache_enable"]

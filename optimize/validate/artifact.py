@@ -3,17 +3,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infinity.manifest import Manifest
 from infinity.model import LoadedModel
 from optimize.source import RERANKER_FIELDS, load_source
 from optimize.validate.heldout import heldout_inputs
 from optimize.validate.reference import torch_reference
-from optimize.validate.served import ServedParity, served_parity
+from optimize.validate.served import CPU, ServedParity, provider, served_parity, target_providers
+
+
+def _load(artifact: Path, threads: int) -> LoadedModel:
+    """On the target's own provider where this host can create it (a GPU target on its GPU), else on the CPU."""
+    providers = target_providers(Manifest.load(artifact))
+    if providers:
+        served = LoadedModel.load(artifact, threads=threads or None, providers=providers, spin_wait=False)
+        if provider(served) == providers[0]:
+            return served
+    return LoadedModel.load(artifact, threads=threads or None, providers=[CPU], spin_wait=False)
 
 
 def validate_artifact(artifact: Path | str, model: str | None = None, threads: int = 0) -> ServedParity:
     """Parity of the artifact (worst of alone and batched) against the source model, with the manifest's
-    thresholds, plus how far answers move between alone and batched."""
-    served = LoadedModel.load(artifact, threads=threads or None, providers=["CPUExecutionProvider"], spin_wait=False)
+    thresholds, plus how far answers move between alone and batched, on the provider that serves it here."""
+    served = _load(Path(artifact), threads)
     task = served.manifest.source.task
     # the pooling the artifact was built with: a model without its own Pooling config was given one
     reranker = served.manifest.task.reranker

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from infinity.batcher import overfull
 from infinity.engine import Engine
@@ -38,6 +39,7 @@ CANDIDATE = ".candidate.onnx"
 # mostly padding, says nothing more about an answer's batch invariance, and cost most of the check's time (mpnet's
 # held-out texts: 84,480 padded tokens for 16,787 real ones and 88 s, against 43,358 and 41 s at this bound).
 PADDING_BOUND = 3
+CPU = "CPUExecutionProvider"
 DOCUMENT = "document"  # the role a multi-vector model's parity is measured in: what a request gets by default
 
 
@@ -49,10 +51,10 @@ class ServedOutputs:
 
 
 def load_candidate(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0,
-                   tokenizer: TextTokenizer | None = None) -> LoadedModel:
+                   tokenizer: TextTokenizer | None = None, providers: list[str] | None = None) -> LoadedModel:
     """The server's LoadedModel for a graph not packaged yet, with the artifact's tokenizer (`tokenizer`, when
-    it is loaded already) and task facts. The graph is linked (or copied) into `directory` as CANDIDATE: an
-    artifact names only files inside itself."""
+    it is loaded already) and task facts, on `providers` (default: the CPU's). The graph is linked (or copied)
+    into `directory` as CANDIDATE: an artifact names only files inside itself."""
     candidate = directory / CANDIDATE
     candidate.unlink(missing_ok=True)
     _link(model_path, candidate)
@@ -63,12 +65,36 @@ def load_candidate(directory: Path, manifest: Manifest, model_path: Path, thread
         _link(model_path.parent / path.name, path)
     manifest = dataclasses.replace(manifest, model=dataclasses.replace(manifest.model, file=CANDIDATE))
     tokenizer = tokenizer or artifact_tokenizer(directory, manifest)
-    engine = Engine(directory, manifest, threads=threads or None, providers=["CPUExecutionProvider"],
-                    spin_wait=False)
+    engine = Engine(directory, manifest, threads=threads or None, providers=providers or [CPU], spin_wait=False)
     candidate.unlink()  # the session holds the graph in memory
     for path in weights:
         path.unlink()
     return LoadedModel(directory, manifest, tokenizer, engine, make_task(manifest, directory))
+
+
+def target_providers(manifest: Manifest) -> list[str] | None:
+    """A GPU target's providers where this onnxruntime offers its first one: its parity is then measured on the
+    device that serves it (fp16 arithmetic on the GPU, not fp16 weights in fp32 arithmetic on the CPU)."""
+    wanted = manifest.target.providers
+    return wanted if wanted[0] != CPU and wanted[0] in ort.get_available_providers() else None
+
+
+def load_as_served(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0,
+                   tokenizer: TextTokenizer | None = None) -> LoadedModel:
+    """load_candidate on the target's own provider where this host can create it, else on the CPU's.
+    onnxruntime lists a GPU provider whenever its library is installed and falls back to the CPU when the device
+    or its CUDA libraries are missing: the session says what it got."""
+    providers = target_providers(manifest)
+    if providers:
+        model = load_candidate(directory, manifest, model_path, threads, tokenizer, providers)
+        if provider(model) == providers[0]:
+            return model
+    return load_candidate(directory, manifest, model_path, threads, tokenizer)
+
+
+def provider(model: LoadedModel) -> str:
+    """The execution provider a model's session runs on first."""
+    return str(model.engine.session.get_providers()[0])
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -172,6 +198,7 @@ class ServedParity:
     result: ParityResult                 # each metric at its worse value of alone and batched
     modes: dict[str, dict[str, float]]   # the metrics of each way of serving
     batch_invariance: dict[str, float]
+    provider: str                        # the execution provider the answers came from
 
 
 def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
@@ -184,4 +211,5 @@ def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Output
     single = compare(task, reference, outputs.alone, groups, thresholds)
     batched = compare(task, reference, outputs.batched, groups, thresholds)
     invariance = {**batch_invariance(task, outputs.alone, outputs.batched), "largest_batch": float(outputs.batch_rows)}
-    return ServedParity(worst(single, batched), {"alone": single.metrics, "batched": batched.metrics}, invariance)
+    return ServedParity(worst(single, batched), {"alone": single.metrics, "batched": batched.metrics}, invariance,
+                        provider(model))
