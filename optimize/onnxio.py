@@ -202,7 +202,3 @@ def activation_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None
                      for d in v.type.tensor_type.shape.dim]
             for v in [*inferred.graph.input, *inferred.graph.value_info] if v.type.tensor_type.HasField("shape")}
 
-
-def activation_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Rank of every tensor symbolic shape inference can name; {} where it cannot run."""
-    return {name: len(shape) for name, shape in activation_shapes(model).items()}

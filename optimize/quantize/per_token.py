@@ -33,7 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from optimize.calibrate import Bounds, peaks
-from optimize.onnxio import ATTENTION_OPSET, activation_ranks, converted, save_model
+from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model
 from optimize.padding_mask import padding_mask
 from optimize.quantize.rounding import CompensatedRounding, quantize_weight
 
@@ -72,15 +72,35 @@ class PerTokenRecord:
 
 def per_token_candidates(model_path: Path) -> list[str]:
     graph = onnx.load(str(model_path), load_external_data=False).graph
-    weights = {init.name: init for init in graph.initializer}
-    return [n.name for n in graph.node if _weight(n, weights) is not None]
+    return [n.name for n in rewritable(graph)]
 
 
 def rewritable(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The candidates whose weight no other node reads: a shared weight cannot be rewritten for one of its users."""
+    """The MatMuls (and Attentions) with a constant weight that only such nodes read: one read by another operator
+    too (an embedding table a Gather reads) cannot be rewritten for one of its readers. A weight several of them
+    read (DeBERTa's query and key projections, applied to the tokens and to the relative positions) is copied for
+    each reader by quantize_per_token."""
     weights = {init.name: init for init in graph.initializer}
     consumers = _consumers(graph)
-    return [n for n in graph.node if _weight(n, weights) is not None and len(consumers[n.input[1]]) == 1]
+    candidates = [n for n in graph.node if _weight(n, weights) is not None]
+    names = {n.name for n in candidates}
+    return [n for n in candidates if all(c.name in names and c.input[1] == n.input[1] for c in consumers[n.input[1]])]
+
+
+def unshare_weights(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Each of `nodes` past the first to read a weight reads a copy of its own: every reader is smoothed by its own
+    input's ranges and quantized apart."""
+    weights = {init.name: init for init in graph.initializer}
+    seen: set[str] = set()
+    for node in nodes:
+        name = node.input[1]
+        if name in seen:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(weights[name])
+            copy.name = f"{name}/{node.name}"
+            graph.initializer.append(copy)
+            node.input[1] = copy.name
+        seen.add(name)
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
@@ -131,8 +151,9 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     where it has them, rather than each to its nearest code."""
     ranges = None if bounds is None else peaks(bounds)
     model = _at_opset(onnx.load(str(src)))
-    inferred_ranks = _ranks_of(src, model)
+    inferred = _shapes_of(src, model)
     graph = model.graph
+    unshare_weights(graph, rewritable(graph))
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     weights = {init.name: init for init in graph.initializer}
     skipped = set(exclude or [])
@@ -214,9 +235,7 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     zero_points = _ZeroPoints(graph, new_nodes)
     # below ONNX's Attention (a graph the converter cannot lift): MultiHeadAttention
     mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
-    # shared zero points take [batch, sequence] from the first input's leading dims
-    leading = len(graph.input[0].type.tensor_type.shape.dim)
-    ranks = {name: rank for name, rank in inferred_ranks.items() if 1 < rank <= leading + 1}
+    ranks = shared_leading(inferred, graph.input[0].name)
     prologue_done: set[str] = set()
     for node in graph.node:
         if node.name in bypassed:
@@ -362,19 +381,28 @@ class _ZeroPoints:
         return self.made[key]
 
 
-_RANKS: dict[tuple[str, int, int], dict[str, int]] = {}
+_SHAPES: dict[tuple[str, int, int], dict[str, list[int | str | None]]] = {}
 
 
-def _ranks_of(src: Path, model: onnx.ModelProto) -> dict[str, int]:
-    """activation_ranks of the graph file `src` (as loaded into `model`), inferred once per version of the file:
+def _shapes_of(src: Path, model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
+    """activation_shapes of the graph file `src` (as loaded into `model`), inferred once per version of the file:
     the parity search quantizes the same graph trial after trial."""
     stat = src.stat()
     key = (str(src.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in _RANKS:
-        if len(_RANKS) >= 4:
-            _RANKS.clear()
-        _RANKS[key] = activation_ranks(model)
-    return _RANKS[key]
+    if key not in _SHAPES:
+        if len(_SHAPES) >= 4:
+            _SHAPES.clear()
+        _SHAPES[key] = activation_shapes(model)
+    return _SHAPES[key]
+
+
+def shared_leading(shapes: dict[str, list[int | str | None]], first_input: str) -> dict[str, int]:
+    """The rank of every tensor whose leading dimensions are the first input's ([batch, sequence]), so that one
+    zero-point tensor shaped from that input fits its row scales; a tensor of other leading dimensions (DeBERTa's
+    relative position embeddings, [1, 2 x buckets, hidden]) shapes its own from its scale."""
+    leading = shapes.get(first_input, [])
+    return {name: len(shape) for name, shape in shapes.items()
+            if 1 < len(shape) <= len(leading) + 1 and None not in shape[:-1] and shape[:-1] == leading[:len(shape) - 1]}
 
 
 def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
