@@ -17,6 +17,7 @@ from tests.models import (  # noqa: E402
     build_minilm_head,
     build_tiny_colbert,
     build_tiny_distilbert,
+    build_tiny_family,
     build_tiny_gemma3_embedding,
     build_tiny_m3,
     build_tiny_qwen3_embedding,
@@ -66,6 +67,24 @@ class ArtifactCache:
                 build_minilm_head(name, path)
         return path
 
+    def family(self, family: str, task: str, precision: str, target: str = "icelake") -> tuple[Path, Path]:
+        """(source, artifact) of a tiny `family` model (tests/models.py: FAMILIES or VARIANTS) for `task`; INT8
+        artifacts are written whatever their parity, which the manifest records."""
+        from optimize.pipeline import OptimizeOptions, optimize
+
+        source = self.root / "sources" / f"tiny-{family}-{task}"
+        source.parent.mkdir(exist_ok=True)
+        with FileLock(f"{source}.lock"):
+            if not (source / "config.json").is_file():
+                shutil.rmtree(source, ignore_errors=True)
+                build_tiny_family(family, task, source)
+        out = self.root / f"tiny-{family}-{task}-{target}-{precision}"
+        with FileLock(f"{out}.lock"):
+            if not (out / "manifest.json").is_file():
+                optimize(OptimizeOptions(model=str(source), task=task, out=out, target=target, precision=precision,
+                                         allow_failed_parity=precision == "int8"), log=lambda _: None)
+        return source, out
+
     def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
         from optimize.pipeline import OptimizeOptions, optimize
 
@@ -103,6 +122,12 @@ def minilm_fp32_artifact(artifacts: ArtifactCache) -> Path:
 @pytest.fixture(scope="session")
 def minilm_int8_artifact(artifacts: ArtifactCache) -> Path:
     return artifacts.artifact("feature-extraction", "int8")
+
+
+@pytest.fixture(scope="session")
+def family_artifact(artifacts: ArtifactCache) -> Callable[..., tuple[Path, Path]]:
+    """family_artifact(family, task, precision, target="icelake") -> (source directory, artifact directory)."""
+    return artifacts.family
 
 
 SLOW_FIXTURES = {"artifact_for", "minilm_int8_artifact"}  # build INT8 or other tasks' artifacts

@@ -266,10 +266,19 @@ FAMILIES: dict[str, dict] = {
 }
 
 
+# A family in another of its layouts: (family, config beside FAMILIES'). DeBERTa-v2 with position projections of
+# its own (share_att_key false, DeBERTa v1's layout): a MatMul whose input, the relative position embeddings, is
+# [1, 2 x buckets, hidden] rather than [batch, sequence, hidden].
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "deberta-v2-own-position-projections": ("deberta-v2", dict(share_att_key=False, position_buckets=64)),
+}
+
+
 def tiny_config(family: str, vocab_size: int, labels: list[str] | None = None):
     from transformers import AutoConfig
 
-    kwargs = {**TINY, "vocab_size": vocab_size, **FAMILIES[family]}
+    family, layout = VARIANTS.get(family, (family, {}))
+    kwargs = {**TINY, "vocab_size": vocab_size, **FAMILIES[family], **layout}
     if labels:
         kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
                       label2id={label: i for i, label in enumerate(labels)})

@@ -13,7 +13,7 @@ import pytest
 
 from infinity.manifest import Manifest
 from optimize.padding_mask import MASK
-from tests.models import FAMILIES, build_tiny_family
+from tests.models import FAMILIES
 from tests.servers import running
 
 TEXTS = ["What is the capital of France?", "Paris is the capital and largest city of France.",
@@ -28,24 +28,6 @@ WRITTEN_ATTENTION = {"albert": 1, "mpnet": 2, "modernbert": 2, "nomic_bert": 2, 
 TASKS = ("feature-extraction", "sequence-classification")
 # of those, the layers whose mask is the padding alone (modernbert's sliding layer masks a window too)
 PADDING_MASKED = {"albert": 1, "mpnet": 2, "modernbert": 1, "nomic_bert": 2, "gte": 2, "jina_embeddings_v3": 2}
-
-
-@pytest.fixture(scope="session")
-def family_artifact(artifacts):
-    """family_artifact(family, task, precision) -> (source directory, artifact directory), built once."""
-    from optimize.pipeline import OptimizeOptions, optimize
-
-    def build(family: str, task: str, precision: str) -> tuple[Path, Path]:
-        source = artifacts.root / "sources" / f"tiny-{family}-{task}"
-        if not (source / "config.json").is_file():
-            build_tiny_family(family, task, source)
-        out = artifacts.root / f"tiny-{family}-{task}-icelake-{precision}"
-        if not (out / "manifest.json").is_file():
-            optimize(OptimizeOptions(model=str(source), task=task, out=out, target="icelake", precision=precision,
-                                     allow_failed_parity=precision == "int8"), log=lambda _: None)
-        return source, out
-
-    return build
 
 
 def served_embeddings(artifact: Path, log: Path) -> np.ndarray:
