@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypedDict
 
 from starlette.applications import Starlette
@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infinity import openapi
-from infinity.api.endpoint import Endpoint, View, handle
+from infinity.api.endpoint import Endpoint, Family, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import served_name, version
 from infinity.auth import ApiKeys
@@ -31,12 +31,17 @@ class State(TypedDict):
     service: Service
 
 
-async def http_error(request: HTTPRequest, exc: Exception) -> Response:
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    kind = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED}.get(status, ErrorType.HTTP)
-    detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
-    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else None
-    return HF.failure(kind, str(detail), headers, status=status)
+def http_errors(families: dict[str, Family]) -> Callable[[HTTPRequest, Exception], Awaitable[Response]]:
+    """Starlette's own errors (a method the route does not take) in the error shape of the route's family."""
+
+    async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        kind = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED}.get(status, ErrorType.HTTP)
+        detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
+        headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else None
+        return families.get(request.url.path, HF).failure(kind, str(detail), headers, status=status)
+
+    return http_error
 
 
 class LastResort:
@@ -97,7 +102,7 @@ def create_app(core: Core) -> Starlette:
     middleware = [Middleware(Observed, observers=core.observers), Middleware(LastResort, failed=failed),
                   Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={HTTPException: http_error})
+                    exception_handlers={HTTPException: http_errors({e.path: e.family for e in core.routes})})
     app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow
     title = f"infinity: {manifest.source.task} with {served_name(manifest, settings)}"
     app.state.openapi = openapi.document(core.served, title, version(), secured=bool(settings.api_keys))

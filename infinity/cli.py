@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         if _kind(field) is bool:
             serve.add_argument(flag, dest=field.name, action="store_const", const="true", default=None, help=help)
             serve.add_argument("--no-" + flag[2:], dest=field.name, action="store_const", const="false",
-                               help=f"turn {flag} off" if field.default else argparse.SUPPRESS)
+                               help=f"turn {flag} off" + ("" if field.default else f" (the default, unless {env} "
+                                                                                     "turns it on)"))
         else:
             serve.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help)
     return parser

@@ -17,8 +17,8 @@ def _operation(endpoint: Endpoint, secured: bool) -> dict[str, Any]:
         ok["headers"] = HEADERS
     responses: dict[str, Any] = {"200": ok}
     errors = dict(endpoint.errors)
-    if secured and endpoint.protected:
-        errors.setdefault(401, "Missing or wrong API key")
+    if secured and endpoint.protected:  # the one place 401 is documented: only where a key is asked for
+        errors[401] = "Missing or wrong API key"
     for status, description in sorted(errors.items()):
         responses[str(status)] = {"description": description, "content": {"application/json": {
             "schema": endpoint.family.body.doc}}}

@@ -116,6 +116,22 @@ class Choice(Schema):
 
 
 @dataclass(frozen=True)
+class Refused(Schema):
+    """A field this model takes no value of (prompt_name on a model without prompts): named, so the answer says why
+    rather than calling the field unknown; `not: {}` in the document, which no value matches."""
+    description: str
+
+    def accepts(self, value: Any) -> bool:
+        return True
+
+    def check(self, value: Any, where: str) -> Any:
+        raise ValidationError(f"unknown {where} {value!r}: {self.description}")
+
+    def doc(self) -> dict[str, Any]:
+        return self._describe({"not": {}})
+
+
+@dataclass(frozen=True)
 class Boolean(Schema):
     description: str = ""
     default: Any = _NOTHING

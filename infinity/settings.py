@@ -48,8 +48,9 @@ class Settings:
                                  "before then")
     max_header_bytes: int = option(16384, "request line and headers in bytes; more is answered 431 without being "
                                           "parsed")
-    max_connections: int = option(1024, "open client connections; more are answered 503 and closed (lowered to fit the"
-                                        " open-file limit)")
+    max_connections: int = option(1024, "open client connections (lowered to fit the open-file limit); past it the "
+                                        "longest-idle one is closed to make room, or, with none idle, the new one is "
+                                        "answered 503 and closed")
     header_timeout: float = option(10.0, "seconds for a request's headers to arrive; later: 408 and close")
     body_timeout: float = option(30.0, "seconds for a request's body to arrive once its headers have; later: 408 and "
                                        "close")

@@ -248,9 +248,11 @@ def test_the_openapi_document_agrees_with_the_server(embedder: Server) -> None:
                      {"inputs": ["a"] * 512},
                      {"inputs": "x", "options": {"wait_for_model": True}}, {"inputs": "x", "extra": 1},
                      {"inputs": "x", "parameters": {"normalize": "yes"}}, {"inputs": "x", "normalize": False},
-                     {"inputs": {"source_sentence": "a", "sentences": ["b"]}}],
+                     {"inputs": {"source_sentence": "a", "sentences": ["b"]}},
+                     {"inputs": "x", "parameters": {"prompt_name": "query"}}],  # MiniLM has no prompts
         "/v1/embeddings": [{"input": "x"}, {"input": [1, 2]}, {"input": [[-1]]}, {"input": "x", "dimensions": 0},
-                           {"input": "x", "encoding_format": "hex"}, {"input": ["x"], "user": "u", "model": "m"}],
+                           {"input": "x", "encoding_format": "hex"}, {"input": ["x"], "user": "u", "model": "m"},
+                           {"input": "x", "prompt_name": "query"}],
         "/embed": [{"inputs": ["a", "b"]}, {"inputs": 3}, {"inputs": "a", "truncation_direction": "Left"}],
         "/tokenize": [{"inputs": "a"}, {"inputs": "a", "add_special_tokens": "no"}],
         "/decode": [{"ids": [101, 102]}, {"ids": [[101], [102]]}, {"ids": "101"}],
@@ -264,3 +266,6 @@ def test_the_openapi_document_agrees_with_the_server(embedder: Server) -> None:
     assert {"/predict", "/", "/v1/embeddings", "/embeddings", "/embed", "/tokenize", "/decode", "/v1/models",
             "/health/ready", "/metrics", "/openapi.json"} <= set(spec["paths"])
     assert "/rerank" not in spec["paths"] and "bearer" in spec["components"]["securitySchemes"]
+    guarded = [op for ops in spec["paths"].values() for op in ops.values() if "security" in op]
+    assert guarded and all("401" in op["responses"] for op in guarded)
+    assert "401" in spec["paths"]["/predict"]["post"]["responses"]

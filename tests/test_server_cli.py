@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,18 @@ def test_the_server_runs_without_torch_transformers_or_the_optimizer(minilm_fp32
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.strip().splitlines()) == 2
+
+
+def test_help_lists_every_flag_both_ways_for_on_off_options() -> None:
+    import dataclasses
+
+    from infinity.cli import build_parser
+    from infinity.settings import Settings
+
+    serve = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices["serve"]
+    shown = serve.format_help()
+    for field in dataclasses.fields(Settings):
+        if isinstance(field.default, bool):
+            name = field.name.replace("_", "-")
+            for flag in (f"--{name}", f"--no-{name}"):
+                assert re.search(rf"(?<![\w-]){flag}(?![\w-])", shown), flag

@@ -155,6 +155,23 @@ def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
     assert_error(client.delete("/health/ready"), 405, "method_not_allowed")
 
 
+def test_a_method_a_route_does_not_take_is_answered_in_its_familys_shape(client: TestClient) -> None:
+    openai = client.get("/v1/embeddings")
+    assert openai.status_code == 405 and openai.headers["allow"] == "POST"
+    assert openai.json()["error"]["code"] == "method_not_allowed" and set(openai.json()["error"]) == {
+        "message", "type", "param", "code"}
+    cohere = client.put("/v2/embed")
+    assert cohere.status_code == 405 and cohere.json() == {"message": "Method Not Allowed",
+                                                           "error_type": "method_not_allowed"}
+
+
+def test_without_keys_no_route_documents_a_401(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    documented = {(path, method): set(op["responses"]) for path, ops in spec["paths"].items()
+                  for method, op in ops.items()}
+    assert all("401" not in statuses for statuses in documented.values()), documented
+
+
 def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: LoadedModel,
                                                    session: ControlledSession) -> None:
     session.release.clear()

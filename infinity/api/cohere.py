@@ -14,7 +14,7 @@ from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.ranking import Ranking
 
 COHERE = Family("cohere", ErrorBody({"message": MESSAGE, "error_type": TYPE}))
-ERRORS = {400: "Empty query or documents", 401: "Missing or wrong API key",
+ERRORS = {400: "Empty query or documents",
           413: "Body too large or too many documents", 422: "Malformed body or unknown field",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 RERANK = ("/v1/rerank", "/v2/rerank")

@@ -28,7 +28,7 @@ OPENAI = Family("openai", ErrorBody({"error": ErrorBody({"message": MESSAGE, "ty
                 status=lambda status: 400 if status == 422 else status)
 EMBEDDINGS = ("/v1/embeddings", "/embeddings")
 ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the model's)",
-          401: "Missing or wrong API key", 413: "Body too large or too many inputs",
+          413: "Body too large or too many inputs",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 
 
@@ -114,4 +114,4 @@ def models(name: str, started: int, protected: bool) -> Endpoint:
 
     answer = {"type": "object", "properties": {"object": {"type": "string"}, "data": {"type": "array"}}}
     return Endpoint("/v1/models", OPENAI, "The one model this server runs (OpenAI)", answer, view=view,
-                    method="GET", protected=protected, errors={401: "Missing or wrong API key"})
+                    method="GET", protected=protected)

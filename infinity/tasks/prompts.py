@@ -5,7 +5,7 @@ from pathlib import Path
 
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.schema import Choice, Schema
+from infinity.schema import Choice, Refused, Schema
 from infinity.tasks.base import Request, Task
 
 
@@ -24,10 +24,10 @@ class PromptedTask(Task):
         self.default_prompt_name = name
 
     def prompt_fields(self) -> dict[str, Schema]:
-        """`prompt_name`, one of the model's prompts; a model without prompts takes no such field."""
+        """`prompt_name`, one of the model's prompts; a model without prompts refuses every name (422)."""
         prompts = tuple(self.manifest.task.prompts)
         if not prompts:
-            return {}
+            return {"prompt_name": Refused("this model has no prompts")}
         default = f" (default: {self.default_prompt_name!r})" if self.default_prompt_name else ""
         return {"prompt_name": Choice(prompts, description=f"the model's prompt put before each text{default}")}
 
