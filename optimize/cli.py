@@ -29,9 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("optimize", help="export, fuse, quantize, validate and package a model")
     run.add_argument("model", nargs="?", default=None,
                      help="model directory or hub id (default: the bundled all-MiniLM-L6-v2)")
-    run.add_argument("--task", choices=TASKS, default="feature-extraction")
+    run.add_argument("--task", choices=TASKS, default=None,
+                     help="what the artifact serves (default: what the directory says: a sentence-transformers "
+                          "SparseEncoder is sparse-embedding, a MultiVectorEncoder multi-vector, a token "
+                          "classifier token-classification; else feature-extraction)")
     run.add_argument("--target", default="auto", choices=["auto", *PRESETS],
-                     help="hardware preset; auto picks the best CPU preset for this host")
+                     help="hardware preset (default: auto, the best CPU preset this host's flags allow)")
     run.add_argument("--precision", choices=["int8", "fp32", "fp16"], default=None,
                      help="default: int8 on CPU targets, fp16 on GPU targets")
     run.add_argument("--out", type=Path, required=True, help="artifact directory to write")
@@ -62,13 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model-id", default=None, metavar="ORG/NAME",
                      help="the hub id the server shows clients (default: the id given, the hub cache path's, or "
                           "the model card's usage example; else the directory name)")
-    run.add_argument("--threads", type=int, default=0, help="onnxruntime threads while validating (0: all)")
+    run.add_argument("--threads", type=int, default=0,
+                     help="onnxruntime threads while calibrating, searching and validating (default: 0, all)")
     run.add_argument("--trust-remote-code", action="store_true",
                      help="run the model's own code (its config.json auto_map) where transformers has no native "
                           "implementation of its architecture; recorded in the manifest")
     check = commands.add_parser("validate", help="re-check an artifact's parity against its original model")
     check.add_argument("artifact", type=Path)
-    check.add_argument("--model", default=None, help="original model (default: the one named in the manifest)")
+    check.add_argument("--model", default=None,
+                       help="the original model directory or hub id (default: the one named in the manifest)")
     commands.add_parser("targets", help="list the hardware presets and why each is set up as it is")
     return parser
 
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         return _validate(args.artifact, args.model)
     from optimize.pipeline import OptimizeOptions, ParityFailed, optimize
+    from optimize.source import detect_task
 
     model = args.model or bundled_model()
     if model is None:
@@ -99,7 +105,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     start = time.perf_counter()
-    options = OptimizeOptions(model=model, task=args.task, out=args.out, target=args.target,
+    task = args.task
+    try:
+        if task is None:
+            task, why = detect_task(model, args.pooling)
+            print(f"multiverse: task {task}, from {why}", flush=True)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"multiverse: error: {exc}", file=sys.stderr)
+        return 2
+    options = OptimizeOptions(model=model, task=task, out=args.out, target=args.target,
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
                               threads=args.threads, thresholds=dict(args.threshold),
                               keep_float_like=args.keep_float_like,

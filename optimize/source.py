@@ -112,6 +112,43 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
                        model_id=model_id or hub_id(model, path), head=head, trust_remote_code=remote)
 
 
+# a checkpoint's head, as config.json's architectures name it: the task it serves where only one fits
+HEAD_TASKS = {"ForTokenClassification": ("token-classification",),
+              "ForSequenceClassification": ("sequence-classification", "ranking")}
+
+
+def detect_task(model: str, pooling: str | None = None) -> tuple[str, str]:
+    """(task, why) where the directory says which: sentence-transformers' config and modules.json name the kind of
+    model (a CrossEncoder: ranking with one score, else sequence-classification; SpladePooling: sparse-embedding;
+    MultiVectorMask: multi-vector; else feature-extraction), --pooling splade asks for sparse vectors, a
+    token-classification head serves that task. A classifier head alone is a sequence classifier or a
+    cross-encoder: refused in one line naming both."""
+    path = resolve_path(model)
+    if pooling == SPLADE:
+        return "sparse-embedding", f"--pooling {SPLADE}"
+    saved_as = _read_json(path / "config_sentence_transformers.json").get("model_type")
+    if saved_as == "CrossEncoder":
+        labels = len(_read_json(path / "config.json").get("id2label") or {"0": ""})
+        return ("ranking", "its sentence-transformers config (a CrossEncoder with one score)") if labels == 1 else (
+            "sequence-classification", f"its sentence-transformers config (a CrossEncoder with {labels} labels)")
+    if (path / "modules.json").is_file():
+        kinds = {m.kind for m in read_modules(path)}
+        if kinds & {"SpladePooling", "MLMTransformer"}:
+            return "sparse-embedding", "its modules.json (a SparseEncoder: SpladePooling)"
+        if "MultiVectorMask" in kinds:
+            return "multi-vector", "its modules.json (a MultiVectorEncoder: MultiVectorMask)"
+        return "feature-extraction", "its modules.json (a SentenceTransformer)"
+    architectures = _read_json(path / "config.json").get("architectures") or []
+    for suffix, tasks in HEAD_TASKS.items():
+        heads = [name for name in architectures if str(name).endswith(suffix)]
+        if heads and len(tasks) == 1:
+            return tasks[0], f"its config.json ({heads[0]})"
+        if heads:
+            raise ValueError(f"{path.name} is a {heads[0]} checkpoint: pass --task {' or --task '.join(tasks)} "
+                             "(a cross-encoder that scores query-document pairs is ranking)")
+    return "feature-extraction", "the default"
+
+
 def hub_id(model: str, path: Path) -> str | None:
     """The model's hub id: as given, from its place in the hub cache, or from its model card's usage example."""
     if not Path(model).expanduser().is_dir() and re.fullmatch(r"[\w.-]+/[\w.-]+", model):

@@ -216,3 +216,36 @@ def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_a
             assert count == by_role[node_role(name)], name
         ops = op_counts(out / "model.onnx")
         assert ops["Gather"] >= carried.outliers["nodes"]
+
+
+def test_the_task_comes_from_the_directory_where_it_says_which(artifacts, tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    from optimize.source import detect_task
+    from tests.models import minilm_dir
+
+    assert detect_task(str(minilm_dir()))[0] == "feature-extraction"
+    assert detect_task(str(artifacts.source("splade-tiny"))) == (
+        "sparse-embedding", "its modules.json (a SparseEncoder: SpladePooling)")
+    assert detect_task(str(artifacts.source("colbert-tiny")))[0] == "multi-vector"
+    assert detect_task(str(minilm_dir()), pooling="splade")[0] == "sparse-embedding"
+    classifier = artifacts.source("sequence-classification")  # a bare BertForSequenceClassification checkpoint
+    with pytest.raises(ValueError, match="--task sequence-classification or --task ranking"):
+        detect_task(str(classifier))
+    cross_encoder = tmp_path / "cross-encoder"
+    CrossEncoder(str(artifacts.source("ranking")), device="cpu").save(str(cross_encoder))
+    assert detect_task(str(cross_encoder))[0] == "ranking"
+    assert detect_task(str(artifacts.source("token-classification")))[0] == "token-classification"
+
+
+def test_a_sparse_encoder_directory_is_optimized_as_sparse_without_being_told(artifacts, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "optimize", "optimize", str(artifacts.source("splade-tiny")),
+                          "--precision", "fp32", "--out", str(tmp_path / "splade")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "task sparse-embedding, from its modules.json" in run.stdout
+    assert Manifest.load(tmp_path / "splade").source.task == "sparse-embedding"
+    refused = subprocess.run([sys.executable, "-m", "optimize", "optimize",
+                              str(artifacts.source("sequence-classification")), "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "--task sequence-classification or --task ranking" in refused.stderr
