@@ -50,6 +50,8 @@ def test_every_family_builds_int8_under_every_cpu_target(family, target, family_
     assert quantization.weight_bits == 7 or (target == "icelake" and VNNI_HOST)
     assert manifest.parity.passed == (not manifest.parity.failures)  # passed, or failed and says why
     assert manifest.parity.batch_invariance["max_abs_diff"] == 0
+    if target == "icelake":
+        return  # served by tests/test_matrix.py's INT8 test
     args = () if manifest.parity.passed else ("--allow-failed-parity",)
     with running(artifact, tmp_path / "server.log", *args) as server:
         response = httpx.post(f"{server.url}/predict", json={"inputs": TEXTS}, timeout=60)
