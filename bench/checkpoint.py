@@ -26,17 +26,17 @@ SHAPES = ((1, 8), (1, 128), (8, 128), (32, 128))
 
 def parity(model: str, served: Path, graphs: dict[str, Path]) -> dict[str, dict[str, float]]:
     from optimize.source import load_source
-    from optimize.validate.heldout import heldout_inputs
-    from optimize.validate.parity import THRESHOLDS
+    from optimize.tasks import task_for
     from optimize.validate.reference import torch_reference
     from optimize.validate.served import load_candidate, served_parity
 
     manifest = Manifest.load(served)
-    inputs = heldout_inputs(TASK)
+    inputs = task_for(TASK).heldout()
     reference = torch_reference(load_source(model, TASK), inputs)
     rows = {}
     for name, path in graphs.items():
-        checked = served_parity(load_candidate(served, manifest, path, threads=2), inputs, reference, THRESHOLDS[TASK])
+        candidate = load_candidate(served, manifest, path, threads=2)
+        checked = served_parity(candidate, inputs, reference, task_for(TASK).thresholds)
         rows[name] = {"alone": checked.modes["alone"]["cosine_min"], "batched": checked.modes["batched"]["cosine_min"],
                       "moves": checked.batch_invariance["max_abs_diff"]}
     return rows

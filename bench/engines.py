@@ -60,10 +60,10 @@ def runners(recipes: Path, plain: Path) -> dict[str, Runner]:
 
 def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) -> dict[str, tuple[float, float, float]]:
     from optimize.source import load_source
-    from optimize.validate.heldout import heldout_inputs
+    from optimize.tasks import task_for
     from optimize.validate.reference import torch_reference
 
-    texts = heldout_inputs(TASK)
+    texts = task_for(TASK).heldout()
     reference = np.stack(torch_reference(load_source(minilm(), TASK), texts))
     reference /= np.linalg.norm(reference, axis=1, keepdims=True)
     encoded = tokenizer.encode(texts)

@@ -20,9 +20,9 @@ ROUNDS = 5
 
 
 def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
+    from bench.recipes import per_tensor
     from optimize.export import export_onnx
     from optimize.fuse import fuse
-    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI
     from optimize.quantize.config import QuantizationConfig
     from optimize.quantize.per_tensor import quantize
     from optimize.source import load_source
@@ -33,7 +33,7 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
         source = load_source(str(model_dir), "sequence-classification")
         export_onnx(source, plain)
         fuse(plain, fused, source.config)
-    avx2, vnni = PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI  # onnxruntime's dynamic INT8, as the presets had it
+    avx2, vnni = per_tensor(False), per_tensor(True)  # onnxruntime's dynamic INT8
     per_tensor = QuantizationConfig(weight_type="QInt8", per_channel=False, reduce_range=False,
                                     activations="per_tensor")
     unsigned = QuantizationConfig(weight_type="QUInt8", per_channel=False, reduce_range=False,

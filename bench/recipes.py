@@ -25,9 +25,8 @@ from bench.run import WORK, publish
 from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
-from optimize.validate.heldout import heldout_inputs
+from optimize.tasks import task_for
 from optimize.validate.latency import cpu_session
-from optimize.validate.parity import THRESHOLDS
 
 TASK = "feature-extraction"
 CELLS = ((1, 8), (1, 64), (1, 256), (8, 64), (32, 128))
@@ -42,12 +41,19 @@ def minilm() -> str:
     return str(minilm_dir())
 
 
+def per_tensor(vnni: bool) -> Any:
+    """onnxruntime's dynamic INT8 (one activation scale per padded batch), with 7-bit weights without VNNI."""
+    from optimize.quantize.config import QuantizationConfig
+
+    return QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=not vnni, activations="per_tensor")
+
+
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
     from infinity.tokenization import TextTokenizer
-    from optimize.calibrate import Feeder, activation_bounds, calibration_inputs
+    from optimize.calibrate import Feeder, activation_bounds
     from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.presets import PER_TENSOR_NO_VNNI, PER_TENSOR_VNNI, resolve_target
+    from optimize.presets import resolve_target
     from optimize.quantize.per_tensor import quantize
     from optimize.quantize.per_token import per_token_candidates, quantize_per_token
 
@@ -73,14 +79,14 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
                                   manifest.tokenizer.pad_id)
         feeder = Feeder(tokenizer)
         nodes = per_token_candidates(fused)
-        bounds = activation_bounds(fused, nodes, (f for _, f in feeder.batches(calibration_inputs(TASK))), 2)
+        bounds = activation_bounds(fused, nodes, (f for _, f in feeder.batches(task_for(TASK).calibration())), 2)
         quantize_per_token(fused, every_row, bounds, weight_bits=bits)
     variants[f"per-token, {bits}-bit weights, a scale per row for every input"] = every_row
 
     vnni = "avx512_vnni" in cpu_flags()
     dynamic = out / f"quantize_dynamic_{'vnni' if vnni else 'reduce_range'}.onnx"
     if not dynamic.is_file():
-        quantize(fused, dynamic, PER_TENSOR_VNNI if vnni else PER_TENSOR_NO_VNNI)
+        quantize(fused, dynamic, per_tensor(vnni))
     variants[DYNAMIC] = dynamic
     return artifacts["fp32"], variants
 
@@ -91,12 +97,12 @@ def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[s
     from optimize.validate.served import load_candidate, served_parity
 
     manifest = Manifest.load(served_dir)
-    inputs = heldout_inputs(TASK)
+    inputs = task_for(TASK).heldout()
     reference = torch_reference(load_source(minilm(), TASK), inputs)
     rows = {}
     for name, path in variants.items():
         checked = served_parity(load_candidate(served_dir, manifest, path, threads=2), inputs, reference,
-                                THRESHOLDS[TASK])
+                                task_for(TASK).thresholds)
         rows[name] = {"alone": checked.modes["alone"]["cosine_min"], "batched": checked.modes["batched"]["cosine_min"],
                       "mean": checked.result.metrics["cosine_mean"],
                       "invariance": checked.batch_invariance["max_abs_diff"], "passed": float(checked.result.passed)}

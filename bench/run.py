@@ -212,11 +212,11 @@ def plots(data: dict) -> None:
 
 
 def outlier_summary(quantization: Quantization | None) -> str:
-    outliers = quantization.outliers if quantization else {}
-    if not outliers.get("applied"):
+    if quantization is None or not quantization.outliers.applied:
         return "no outlier split"
-    return (f"{outliers['channels']} outlier input channels of {outliers['nodes']} MatMuls in float, "
-            f"{len(outliers['smoothed'])} attention inputs smoothed")
+    outliers = quantization.outliers
+    return (f"{outliers.channels} outlier input channels of {outliers.nodes} MatMuls in float, "
+            f"{len(outliers.smoothed)} attention inputs smoothed")
 
 
 def report(data: dict) -> str:

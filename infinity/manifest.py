@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -18,8 +19,49 @@ from infinity.manifest_schema import conform
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-TASKS = ("feature-extraction", "sparse-embedding", "multi-vector", "hybrid-embedding", "sequence-classification",
-         "token-classification", "ranking")
+
+
+class Named(str, Enum):
+    """A closed set of names written into the manifest as plain strings; a member reads, compares and prints as
+    its name."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class TaskName(Named):
+    FEATURE_EXTRACTION = "feature-extraction"
+    SPARSE_EMBEDDING = "sparse-embedding"
+    MULTI_VECTOR = "multi-vector"
+    HYBRID_EMBEDDING = "hybrid-embedding"
+    SEQUENCE_CLASSIFICATION = "sequence-classification"
+    TOKEN_CLASSIFICATION = "token-classification"
+    RANKING = "ranking"
+
+
+class Precision(Named):
+    INT8 = "int8"
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
+class Activations(Named):
+    """INT8 activation scales: one per row (token), or one per padded batch (onnxruntime's dynamic INT8)."""
+    PER_TOKEN = "per_token"
+    PER_TENSOR = "per_tensor"
+
+
+class WeightType(Named):
+    QINT8 = "QInt8"
+    QUINT8 = "QUInt8"
+
+
+class WeightRounding(Named):
+    """Each weight to its nearest code, or codes whose errors cancel on the input's calibration rows (GPTQ)."""
+    NEAREST = "nearest"
+    COMPENSATED = "compensated"
+
+
 # sentence-transformers' pooling modes; several are concatenated in order, written "cls+mean"
 POOLINGS = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 SPLADE = "splade"  # sparse-embedding's one pooling: a masked-LM's logits to one weight per vocabulary entry
@@ -37,7 +79,7 @@ class ManifestError(ValueError):
 @dataclass
 class Source:
     model: str
-    task: str
+    task: TaskName
     revision: str | None = None
     model_type: str | None = None
     model_id: str | None = None  # the hub id clients see, where the optimizer knew it
@@ -50,14 +92,14 @@ class Target:
     name: str
     providers: list[str]
     required_cpu_flags: list[str] = field(default_factory=list)
-    provider_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provider_options: dict[str, dict[str, str | int | bool]] = field(default_factory=dict)
 
 
 @dataclass
 class ModelFile:
     file: str
     sha256: str
-    precision: str
+    precision: Precision
     opset: int
     inputs: dict[str, list[str | int]]
     outputs: dict[str, list[str | int]]
@@ -152,6 +194,22 @@ class TaskFacts:
 
 
 @dataclass
+class Outliers:
+    """Per-tensor INT8: the outlier input channels split off into float side paths (channels over `ratio` x the
+    median range, at most `max_channels` per MatMul), the Attention inputs smoothed instead, or why none were."""
+    applied: bool = False
+    reason: str = ""
+    ratio: float | None = None
+    max_channels: int | None = None
+    nodes: int = 0
+    channels: int = 0
+    per_node: dict[str, int] = field(default_factory=dict)
+    smoothing_alpha: float | None = None
+    smoothed: list[str] = field(default_factory=list)
+    calibration_inputs: int = 0
+
+
+@dataclass
 class Quantization:
     """How the INT8 graph was made, and why: the recipe, the settings the target chose, what the search did.
 
@@ -176,9 +234,8 @@ class Quantization:
             workers spinning as the server's do by default.
         embedding_tables_int8: word-embedding tables of 64 MiB or more stored as INT8 rows with a scale per row.
     """
-    activations: str = "per_token"
-    weight_type: str = "QInt8"
-    activation_type: str = "QUInt8"
+    activations: Activations = Activations.PER_TOKEN
+    weight_type: WeightType = WeightType.QINT8
     weight_bits: int = 8
     weight_bits_why: str = ""
     per_channel: bool = True
@@ -188,7 +245,7 @@ class Quantization:
     smoothing_alpha: float = 0.5
     smoothing_alphas: list[float] = field(default_factory=list)
     smoothing_strengths: dict[str, int] = field(default_factory=dict)
-    weight_rounding: str = "nearest"
+    weight_rounding: WeightRounding = WeightRounding.NEAREST
     rounding_damping: float = 0.0
     calibrated_roles: list[str] = field(default_factory=list)
     batch_invariant: bool = False
@@ -200,7 +257,7 @@ class Quantization:
     why: str = ""
     full_int8_metrics: dict[str, float] = field(default_factory=dict)
     smoothing: dict[str, int] = field(default_factory=dict)
-    outliers: dict[str, Any] = field(default_factory=dict)
+    outliers: Outliers = field(default_factory=Outliers)
     float_weight_params: dict[str, int] = field(default_factory=dict)
     latency_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     latency_ms_seq128: dict[str, float] = field(default_factory=dict)
@@ -248,7 +305,7 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     created_at: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # as written to manifest.json
         return dataclasses.asdict(self)
 
     @property
@@ -268,11 +325,8 @@ class Manifest:
             raise ManifestError(f"manifest schema version {version} is not supported (expected {SCHEMA_VERSION})")
         optimization = data.get("optimization")
         quantization = optimization.get("quantization") if isinstance(optimization, dict) else None
-        if isinstance(optimization, dict) and isinstance(quantization, dict) and "mode" in quantization:
-            # artifacts built before the record was typed named the activation scheme twice ("mode" and
-            # "activations"); "activations" is the one name now
-            data = {**data, "optimization": {**optimization,
-                                             "quantization": {k: v for k, v in quantization.items() if k != "mode"}}}
+        if isinstance(optimization, dict) and isinstance(quantization, dict):
+            data = {**data, "optimization": {**optimization, "quantization": _current(quantization)}}
         try:
             manifest = conform(cls, data, "")
         except ValueError as exc:
@@ -294,6 +348,16 @@ class Manifest:
         except ValueError as exc:
             raise ManifestError(f"{path} is not valid JSON: {exc}") from None
         return cls.from_dict(data)
+
+
+def _current(quantization: dict[str, Any]) -> dict[str, Any]:  # JSON as read
+    """A quantization record as it is written now, from any earlier one: the first named its activation scheme
+    "mode" ("dynamic": one scale per padded batch) and then beside "activations" too; both wrote "activation_type",
+    which was always QUInt8."""
+    record = {k: v for k, v in quantization.items() if k not in ("mode", "activation_type")}
+    if "activations" not in record and quantization.get("mode") == "dynamic":
+        record["activations"] = Activations.PER_TENSOR.value
+    return record
 
 
 def sha256_file(path: Path) -> str:
@@ -319,8 +383,6 @@ def _inside(name: str, where: str) -> None:
 
 def check_facts(manifest: Manifest) -> None:
     """What the types alone do not say; every failure is one line naming the field."""
-    if manifest.source.task not in TASKS:
-        raise ManifestError(f"unknown task {manifest.source.task!r}")
     _inside(manifest.model.file, "model.file")
     for name in manifest.model.external_data:
         _inside(name, "model.external_data")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from enum import Enum
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -36,6 +37,12 @@ def conform(cls: type[T], data: Any, where: str) -> T:
 def _value(value: Any, hint: Any, where: str) -> Any:
     if hint is Any:
         return value
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ValueError(f"{where} must be one of {', '.join(str(m.value) for m in hint)}, "
+                             f"not {_show(value)}") from None
     if dataclasses.is_dataclass(hint):
         return conform(hint, value, where)  # type: ignore[arg-type]
     origin, args = typing.get_origin(hint), typing.get_args(hint)

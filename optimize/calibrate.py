@@ -1,5 +1,6 @@
-"""Calibration: the texts, the graph's inputs for them as the server builds them, and the per-channel range of
-every quantizable node's input over their real tokens, which smoothing and calibrated scales are made from."""
+"""Calibration: the graph's inputs for the calibration texts (optimize/texts.py) as the server builds them, and the
+per-channel range of every quantizable node's input over their real tokens, which smoothing and calibrated scales are
+made from."""
 from __future__ import annotations
 
 import tempfile
@@ -14,49 +15,6 @@ from onnx import helper
 
 from infinity.tokenization import TextInput, TextTokenizer, pad_batch
 from optimize.onnxio import session_source
-from optimize.validate.probes import for_task
-
-# Calibration texts choose which channels stay float; they are kept apart from the probes that judge parity.
-CALIBRATION_SINGLES: tuple[str, ...] = (
-    "b",
-    "Thanks!",
-    "Where can I buy fresh bread on Sunday mornings?",
-    "The committee postponed the vote until next spring because of the budget dispute.",
-    "Terrible customer support: I waited on hold for 45 minutes and nobody answered.",
-    "Ibuprofen 200mg may be taken every 4-6 hours; do not exceed 1200mg in 24 hours.",
-    "Invoice INV-2023-0042 totals $7,350.00, due 30 days after 01/09/2023.",
-    "x = np.linspace(0, 1, 100); y = np.sin(2 * np.pi * x)",
-    "Wir treffen uns morgen um 9 Uhr am Hauptbahnhof in München.",
-    "Le chat dort sur le canapé pendant que la pluie tombe dehors.",
-    "北京是中国的首都，也是一座历史悠久的城市。",
-    "Great game last night 🏀🔥 can't wait for the finals!!!",
-    "Marie Curie was the first woman to win a Nobel Prize, in physics in 1903.",
-    "Photosynthesis converts light energy into chemical energy stored in glucose.",
-    "Neural networks with residual connections train deeper models without vanishing gradients.",
-    "<div class=\"header\"><a href=\"/home\">Home</a></div>",
-    " ".join(["data"] * 60),
-    "A detailed account. " + " ".join(
-        "The train was delayed twice, yet the conductor kept everyone informed and calm throughout."
-        for _ in range(10)),
-)
-
-
-CALIBRATION_PAIRS: tuple[tuple[str, str], ...] = (
-    ("Who wrote Hamlet?", "Hamlet is a tragedy written by William Shakespeare around 1600."),
-    ("Who wrote Hamlet?", "Macbeth is set in Scotland."),
-    ("Who wrote Hamlet?", "The printing press was invented in the 15th century."),
-    ("how to boil an egg", "Place the egg in boiling water for 7 to 9 minutes, then cool it in cold water."),
-    ("how to boil an egg", "Chickens lay eggs of different colours depending on the breed."),
-    ("how to boil an egg", "The stock market closed higher on Friday."),
-    ("cheap flights to Rome", "Compare fares from 120 airlines and find deals to Rome Fiumicino."),
-    ("cheap flights to Rome", "Rome is the capital city of Italy."),
-    ("A dog runs in the park.", "An animal is running outside."),
-    ("A dog runs in the park.", "A man reads a newspaper."),
-)
-
-
-def calibration_inputs(task: str) -> list[TextInput]:
-    return for_task(task, CALIBRATION_SINGLES, CALIBRATION_PAIRS)
 
 
 class Feeder:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from infinity.manifest import TASKS
+from infinity.manifest import Activations, Precision, TaskName
 
 EXIT_PARITY = 3
 
@@ -29,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("optimize", help="export, fuse, quantize, validate and package a model")
     run.add_argument("model", nargs="?", default=None,
                      help="model directory or hub id (default: the bundled all-MiniLM-L6-v2)")
-    run.add_argument("--task", choices=TASKS, default=None,
+    run.add_argument("--task", choices=[str(name) for name in TaskName], default=None,
                      help="what the artifact serves (default: what the directory says: a sentence-transformers "
                           "SparseEncoder is sparse-embedding, a MultiVectorEncoder multi-vector, a token "
                           "classifier token-classification; else feature-extraction)")
     run.add_argument("--target", default="auto", choices=["auto", *PRESETS],
                      help="hardware preset (default: auto, the best CPU preset this host's flags allow)")
-    run.add_argument("--precision", choices=["int8", "fp32", "fp16"], default=None,
+    run.add_argument("--precision", choices=[str(precision) for precision in Precision], default=None,
                      help="default: int8 on CPU targets, fp16 on GPU targets")
     run.add_argument("--out", type=Path, required=True, help="artifact directory to write")
     run.add_argument("--allow-failed-parity", action="store_true",
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="INT8: reuse this parity-tested artifact's recipe instead of searching: as many outlier "
                           "channels per layer role, and the same layers and roles kept in float (models of the "
                           "same depth)")
-    run.add_argument("--activations", choices=["per_token", "per_tensor"], default=None,
+    run.add_argument("--activations", choices=[str(mode) for mode in Activations], default=None,
                      help="INT8 activation scales: one per token (batch-invariant, every CPU target's default) or "
                           "one per padded batch (onnxruntime's dynamic INT8, with outlier channels split off)")
     run.add_argument("--no-calibrated-scales", dest="calibrated_scales", action="store_false",
@@ -89,7 +89,7 @@ def _threshold(text: str) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from optimize.export import CHECKED_LOAD_REPORT
+    from optimize.tasks.base import CHECKED_LOAD_REPORT
 
     logging.getLogger("transformers.modeling_utils").addFilter(CHECKED_LOAD_REPORT)
     if args.command == "targets":
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     q = opt.quantization
     if q:
         outliers = q.outliers
-        split = (f"; {outliers['channels']} outlier input channels in float, {len(outliers['smoothed'])} attention "
-                 "inputs smoothed" if outliers.get("applied") else "")
+        split = (f"; {outliers.channels} outlier input channels in float, {len(outliers.smoothed)} attention "
+                 "inputs smoothed" if outliers.applied else "")
         if q.calibrated_roles:
             split += (f"; {q.smoothing.get('calibrated_inputs', 0)} inputs ({'/'.join(q.calibrated_roles)}) with "
                       "one calibrated scale, the rest a scale per row")

@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx
 
-from infinity.manifest import ModelFile, sha256_file
+from infinity.manifest import ModelFile, Precision, sha256_file
 from optimize.onnxio import external_files, model_bytes
 
 LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "tokenizers")
@@ -24,7 +24,7 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def describe_model(path: Path, precision: str) -> ModelFile:
+def describe_model(path: Path, precision: Precision) -> ModelFile:
     model = onnx.load(str(path), load_external_data=False)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 

@@ -1,4 +1,4 @@
-"""The optimizer's stages: export -> fuse -> quantize -> validate -> package."""
+"""The optimizer's stages, in order: load -> export -> fuse -> reference -> quantize -> validate -> package."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,45 +8,43 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infinity.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import (
+    Activations,
     Manifest,
     Optimization,
     Parity,
+    Precision,
     Quantization,
     Source,
     Target,
+    TaskFacts,
     TokenizerFile,
     sha256_file,
     write_atomically,
 )
 from infinity.model import artifact_tokenizer
-from infinity.tokenization import TextInput
+from infinity.tokenization import TextInput, TextTokenizer
 from optimize import package
-from optimize.calibrate import Feeder, calibration_inputs
+from optimize.agreement import Outputs, ParityResult
+from optimize.calibrate import Feeder
+from optimize.checkpoint import SourceModel
 from optimize.export import export_onnx
 from optimize.fuse import fuse
 from optimize.onnxio import copy_model, model_bytes, save_model
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize.embeddings import quantize_embedding_tables
 from optimize.quantize.int8 import quantize_int8
-from optimize.source import M3_HEADS, SourceModel, load_source
-from optimize.validate.heldout import HELDOUT_DESCRIPTION, heldout_inputs, tuning_inputs
+from optimize.source import load_source
+from optimize.tasks import task_for
+from optimize.tasks.base import OptimizerTask
+from optimize.texts import HELDOUT_DESCRIPTION
 from optimize.validate.latency import latency_table, median_latency_ms
-from optimize.validate.parity import THRESHOLDS, ParityResult, check_thresholds
-from optimize.validate.probes import probe_inputs
-from optimize.validate.reference import Outputs, torch_reference
-from optimize.validate.served import (
-    CPU,
-    ServedParity,
-    embedding_ranges,
-    load_as_served,
-    load_candidate,
-    served_parity,
-)
+from optimize.validate.reference import torch_reference
+from optimize.validate.served import CPU, ServedParity, embedding_ranges, load_as_served, load_candidate, served_parity
 
 Log = Callable[[str], None]
 
@@ -102,18 +100,18 @@ class Stages:
 
 def optimize(options: OptimizeOptions, log: Log = print) -> Manifest:
     preset = resolve_target(options.target)
-    precision = options.precision or preset.default_precision
+    precision = Precision(options.precision or preset.default_precision)
     if precision not in preset.precisions:
         raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
-    check_thresholds(options.task, options.thresholds or {})
-    stages = Stages(log)
+    task = task_for(options.task)
+    task.check_thresholds(options.thresholds or {})
     out = Path(options.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     staging.chmod(0o755)  # readable by the unprivileged user the server runs as
     work = Path(tempfile.mkdtemp(prefix="multiverse-"))
     try:
-        manifest = _run(options, preset, precision, stages, staging, work, log)
+        manifest = Build(options, preset, precision, task, Stages(log), staging, work, log).run()
         write_atomically(staging, out)
         return manifest
     finally:
@@ -121,181 +119,197 @@ def optimize(options: OptimizeOptions, log: Log = print) -> Manifest:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _run(options: OptimizeOptions, preset: TargetPreset, precision: str, stages: Stages, staging: Path,
-         work: Path, log: Log) -> Manifest:
-    log(f"multiverse: {options.model} -> {options.task} for {preset.name} ({precision})")
-    with stages.stage("load"):
-        source = load_source(options.model, options.task, options.pooling, options.model_id,
-                             options.trust_remote_code, options.reranker_template)
-        if source.facts.reranker is not None and precision == "int8":
-            raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
-        source.tokenizer.backend_tokenizer.save(str(staging / "tokenizer.json"))
-        source.tokenizer.save_pretrained(str(work / "tokenizer"))
-        extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
-                 if (work / "tokenizer" / name).is_file()]
-        for name in extra:
-            shutil.copy(work / "tokenizer" / name, staging / name)
-    exported, fused, final = work / "exported.onnx", work / "fused.onnx", staging / "model.onnx"
-    with stages.stage("export"):
-        input_names, _ = export_onnx(source, exported, options.external_data_bytes)
-    with stages.stage("fuse"):
-        fusion = fuse(exported, fused, source.config, for_gpu=preset.is_gpu,
-                      external_data_bytes=options.external_data_bytes)
-        log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
-            + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+@dataclass
+class Quantized:
+    """What the quantize stage did: the INT8 record (None for a float graph), the nodes kept float, the notes."""
+    record: Quantization | None = None
+    kept_float: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
-    # what the INT8 recipe and its fallback search tune on; a float graph tunes nothing
-    search_inputs = [*probe_inputs(options.task), *tuning_inputs(options.task)] if precision == "int8" else []
-    heldout = heldout_inputs(options.task)       # what the manifest's parity is measured on, and nothing else
-    thresholds = {**THRESHOLDS[options.task], **(options.thresholds or {})}
-    with stages.stage("reference"):
-        reference = torch_reference(source, search_inputs) if search_inputs else []
-        heldout_reference = torch_reference(source, heldout)
-    provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
-    if "TensorrtExecutionProvider" in provider_options:
-        provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
-    draft = Manifest(
-        source=Source(model=str(options.model), task=options.task, revision=_revision(source.path),
-                      model_type=source.model_type, library_versions=package.library_versions(),
-                      model_id=source.model_id, trust_remote_code=source.trust_remote_code),
-        target=Target(name=preset.name, providers=list(preset.providers),
-                      # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
-                      required_cpu_flags=list(preset.required_cpu_flags) if precision == "int8" else [],
-                      provider_options=provider_options),
-        model=package.describe_model(fused, precision),
-        tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
-                                max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
-                                extra_files=extra),
-        task=source.facts, optimization=Optimization(),
-        parity=Parity(reference=_reference_name(source), probe_size=len(heldout), metrics={}, thresholds=thresholds,
-                      passed=False))
 
-    tokenizer = artifact_tokenizer(staging, draft)  # as served: calibration and every graph the search tries
-    feeder = Feeder(tokenizer)
+@dataclass
+class Build:
+    """One run of the stages, in order; each step reads what the ones before it left here."""
+    options: OptimizeOptions
+    preset: TargetPreset
+    precision: Precision
+    task: OptimizerTask
+    stages: Stages
+    staging: Path  # the artifact directory being written
+    work: Path     # scratch graphs
+    log: Log
 
-    def served(path: Path, inputs: list[TextInput], expected: Outputs, alone: bool = True) -> ServedParity:
-        return served_parity(load_candidate(staging, draft, path, options.threads, tokenizer), inputs, expected,
-                             thresholds, alone=alone)
+    def run(self) -> Manifest:
+        self.log(f"multiverse: {self.options.model} -> {self.task.name} for {self.preset.name} ({self.precision})")
+        source, extra = self.load()
+        exported, fused, final = self.work / "exported.onnx", self.work / "fused.onnx", self.staging / "model.onnx"
+        with self.stages.stage("export"):
+            input_names, _ = export_onnx(source, exported, self.options.external_data_bytes)
+        with self.stages.stage("fuse"):
+            fusion = fuse(exported, fused, source.config, for_gpu=self.preset.is_gpu,
+                          external_data_bytes=self.options.external_data_bytes)
+            self.log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
+                     + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+        # what the INT8 recipe and its fallback search tune on; a float graph tunes nothing
+        search_inputs = [*self.task.probes(), *self.task.tuning()] if self.precision == Precision.INT8 else []
+        heldout = self.task.heldout()  # what the manifest's parity is measured on, and nothing else
+        with self.stages.stage("reference"):
+            reference = torch_reference(source, search_inputs) if search_inputs else []
+            heldout_reference = torch_reference(source, heldout)
+        draft = self.draft(source, input_names, extra, fused)
+        tokenizer = artifact_tokenizer(self.staging, draft)  # as served: calibration and every graph tried
+        with self.stages.stage("quantize"):
+            quantized = self.quantize(draft, tokenizer, fused, final, search_inputs, reference)
+            if self.options.external_data_bytes is not None:  # a threshold below the default splits a smaller one
+                copy_model(final, final, self.options.external_data_bytes)
+        notes = [*fusion.gaps, *self.task.notes(source), *fusion.notes, *quantized.notes]
+        with self.stages.stage("validate"):
+            checked, facts = self.validate(draft, tokenizer, final, heldout, heldout_reference, notes)
+        if not checked.result.passed:
+            report = "parity failed:\n" + "\n".join(f"  - {f}" for f in checked.result.failures)
+            if not self.options.allow_failed_parity:
+                raise ParityFailed(checked.result, report)
+            self.log(report + "\n  (kept because --allow-failed-parity was given; the manifest records passed=false)")
+        with self.stages.stage("package"):
+            manifest = dataclasses.replace(
+                draft, model=package.describe_model(final, self.precision), task=facts,
+                optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantized.record,
+                                          kept_float=quantized.kept_float, stage_seconds=self.stages.seconds,
+                                          notes=notes, exported_bytes=model_bytes(exported),
+                                          fusion_model_type=fusion.model_type),
+                parity=self.parity(draft.parity, checked), created_at=package.now())
+            manifest.save(self.staging)
+        return manifest
 
-    # a per-token graph answers alike alone and batched (validate checks it): its trials run batched only
-    invariant = precision == "int8" and preset.quantization is not None and preset.quantization.batch_invariant and (
-        options.activations in (None, "per_token"))
+    def load(self) -> tuple[SourceModel, list[str]]:
+        """The source model, and its tokenizer written into the artifact (with the extra files it names)."""
+        options = self.options
+        with self.stages.stage("load"):
+            source = load_source(options.model, self.task.name, options.pooling, options.model_id,
+                                 options.trust_remote_code, options.reranker_template)
+            if source.facts.reranker is not None and self.precision == Precision.INT8:
+                raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
+            source.tokenizer.backend_tokenizer.save(str(self.staging / "tokenizer.json"))
+            source.tokenizer.save_pretrained(str(self.work / "tokenizer"))
+            extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
+                     if (self.work / "tokenizer" / name).is_file()]
+            for name in extra:
+                shutil.copy(self.work / "tokenizer" / name, self.staging / name)
+        return source, extra
 
-    def evaluate(path: Path, only: list[int] | None = None) -> ParityResult:
-        inputs, expected = search_inputs, reference
-        if only is not None:
-            inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
-        return served(path, inputs, expected, alone=not invariant).result
+    def draft(self, source: SourceModel, input_names: list[str], extra: list[str], fused: Path) -> Manifest:
+        """The manifest before parity: what every candidate graph is loaded with, as the server loads it."""
+        options, preset = self.options, self.preset
+        provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
+        if "TensorrtExecutionProvider" in provider_options:
+            provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
+        thresholds = {**self.task.thresholds, **(options.thresholds or {})}
+        return Manifest(
+            source=Source(model=str(options.model), task=self.task.name, revision=_revision(source.path),
+                          model_type=source.model_type, library_versions=package.library_versions(),
+                          model_id=source.model_id, trust_remote_code=source.trust_remote_code),
+            target=Target(name=preset.name, providers=list(preset.providers),
+                          # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
+                          required_cpu_flags=list(preset.required_cpu_flags) if self.precision == Precision.INT8
+                          else [], provider_options=provider_options),
+            model=package.describe_model(fused, self.precision),
+            tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(self.staging / "tokenizer.json"),
+                                    max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
+                                    extra_files=extra),
+            task=source.facts, optimization=Optimization(),
+            parity=Parity(reference=self.task.reference_name(source), probe_size=len(self.task.heldout()),
+                          metrics={}, thresholds=thresholds, passed=False))
 
-    quantization: Quantization | None = None
-    kept_float: list[str] = []
-    notes = [*fusion.gaps, *source_notes(source)]
-    if fusion.split_layer_norms:
-        notes.append(f"{fusion.split_layer_norms} SkipLayerNormalization nodes written as Add + LayerNormalization: "
-                     "onnxruntime's CPU kernels run that faster")
-    if fusion.padding_mask:
-        notes.append("the attention's padding mask made from attention_mask in seven operators, where the export's "
-                     "took 30-odd (same values)")
-    with stages.stage("quantize"):
-        if precision == "int8":
-            assert preset.quantization is not None
-            config = preset.quantization
-            if options.activations:
-                config = dataclasses.replace(config, activations=options.activations)
-            if not options.calibrated_scales:
-                config = dataclasses.replace(config, calibrated_roles=())
-            int8 = quantize_int8(fused, final, config, options.task, evaluate, feeder, work, log,
-                                 options.threads, options.keep_float_like)
-            quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model
-            if kept_float and full_int8 is not None:
-                notes.append(f"{len(kept_float)} of {quantization.candidates} quantizable nodes kept in float "
-                             "for parity")
-                # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
-                sequence = min(128, source.max_length)
-                quantization.latency_ms_seq128 = {
-                    "fp32": median_latency_ms(fused, sequence, options.threads),
-                    "full_int8": median_latency_ms(full_int8, sequence, options.threads),
-                    "final": median_latency_ms(final, sequence, options.threads)}
-                log(f"  latency at seq 128 (ms): {quantization.latency_ms_seq128}")
-            # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
-            quantization.why = preset.why
-            quantization.latency_ms = latency_table({"fp32": fused, "final": final}, options.threads,
-                                                       max_length=source.max_length)
-            quantization.latency_host = cpu_name()
-            tables = quantize_embedding_tables(final, final)
-            if tables:
-                quantization.embedding_tables_int8 = tables
-                notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
-            if len(kept_float) == quantization.candidates:
-                notes.append("no node could be quantized within the parity thresholds: "
-                             "this INT8 artifact runs in float")
-                log("  WARNING: every quantized node broke parity; the artifact is effectively float")
-        elif precision == "fp16":
+    def quantize(self, draft: Manifest, tokenizer: TextTokenizer, fused: Path, final: Path,
+                 search_inputs: list[TextInput], reference: Outputs) -> Quantized:
+        if self.precision == Precision.INT8:
+            return self.int8(draft, tokenizer, fused, final, search_inputs, reference)
+        if self.precision == Precision.FP16:
             _to_fp16(fused, final)
         else:
-            copy_model(fused, final, options.external_data_bytes)
-            log("  float model: no quantization")
-        if options.external_data_bytes is not None:  # a threshold below the default also splits a smaller model
-            copy_model(final, final, options.external_data_bytes)
-    with stages.stage("validate"):
-        artifact_model = load_as_served(staging, draft, final, options.threads, tokenizer)
-        checked = served_parity(artifact_model, heldout, heldout_reference, thresholds)
-        parity = checked.result
-        log(f"  validated on {checked.provider}")
-        if precision == "fp16":
+            copy_model(fused, final, self.options.external_data_bytes)
+            self.log("  float model: no quantization")
+        return Quantized()
+
+    def int8(self, draft: Manifest, tokenizer: TextTokenizer, fused: Path, final: Path,
+             search_inputs: list[TextInput], reference: Outputs) -> Quantized:
+        """The target's INT8 recipe, judged on the search texts as served; what it costs and gains in speed."""
+        options, preset = self.options, self.preset
+        assert preset.quantization is not None
+        config = preset.quantization
+        thresholds = draft.parity.thresholds
+        # a per-token graph answers alike alone and batched (validate checks it): its trials run batched only
+        activations = Activations(options.activations or config.activations)
+        invariant = config.batch_invariant and activations == Activations.PER_TOKEN
+
+        def evaluate(path: Path, only: list[int] | None = None) -> ParityResult:
+            inputs, expected = search_inputs, reference
+            if only is not None:
+                inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
+            model = load_candidate(self.staging, draft, path, options.threads, tokenizer)
+            return served_parity(model, inputs, expected, thresholds, alone=not invariant).result
+
+        if options.activations:
+            config = dataclasses.replace(config, activations=activations)
+        if not options.calibrated_scales:
+            config = dataclasses.replace(config, calibrated_roles=())
+        int8 = quantize_int8(fused, final, config, self.task, evaluate, Feeder(tokenizer), self.work, self.log,
+                             options.threads, options.keep_float_like)
+        quantization, kept_float, full_int8 = int8.record, int8.kept_float, int8.full_int8_model
+        notes = []
+        if kept_float and full_int8 is not None:
+            notes.append(f"{len(kept_float)} of {quantization.candidates} quantizable nodes kept in float for parity")
+            # What parity costs in speed: one sequence of 128 tokens, fp32 vs full INT8 vs what was kept.
+            sequence = min(128, draft.tokenizer.max_length)
+            quantization.latency_ms_seq128 = {
+                "fp32": median_latency_ms(fused, sequence, options.threads),
+                "full_int8": median_latency_ms(full_int8, sequence, options.threads),
+                "final": median_latency_ms(final, sequence, options.threads)}
+            self.log(f"  latency at seq 128 (ms): {quantization.latency_ms_seq128}")
+        # What the recipe costs and gains in speed on this host, beside its parity in the manifest.
+        quantization.why = preset.why
+        quantization.latency_ms = latency_table({"fp32": fused, "final": final}, options.threads,
+                                                max_length=draft.tokenizer.max_length)
+        quantization.latency_host = cpu_name()
+        tables = quantize_embedding_tables(final, final)
+        if tables:
+            quantization.embedding_tables_int8 = tables
+            notes.append(f"word embeddings stored as INT8 rows with a scale per row: {', '.join(tables)}")
+        if len(kept_float) == quantization.candidates:
+            notes.append("no node could be quantized within the parity thresholds: this INT8 artifact runs in float")
+            self.log("  WARNING: every quantized node broke parity; the artifact is effectively float")
+        return Quantized(quantization, kept_float, notes)
+
+    def validate(self, draft: Manifest, tokenizer: TextTokenizer, final: Path, heldout: list[TextInput],
+                 reference: Outputs, notes: list[str]) -> tuple[ServedParity, TaskFacts]:
+        """Held-out parity as served, on the provider that serves the target where this host has it; and the
+        answers' ranges for int8 and uint8 embeddings."""
+        model = load_as_served(self.staging, draft, final, self.options.threads, tokenizer)
+        checked = served_parity(model, heldout, reference, draft.parity.thresholds)
+        self.log(f"  validated on {checked.provider}")
+        self.log("  held-out, worst of alone and batched: "
+                 + ", ".join(f"{k}={v:.4f}" for k, v in checked.result.metrics.items()))
+        self.log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
+        if self.precision == Precision.FP16:
             notes.append(f"FP16 validated on {checked.provider} (the GPU's fp16 arithmetic, as served)"
                          if checked.provider != CPU
                          else "FP16 validated on this host's CPU provider (fp16 weights, fp32 arithmetic); fp16 "
                               "arithmetic itself runs only on the GPU")
-        log("  held-out, worst of alone and batched: " + ", ".join(f"{k}={v:.4f}" for k, v in parity.metrics.items()))
-        log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
         facts = draft.task
-        if options.task in ("feature-extraction", "hybrid-embedding"):
+        if self.task.ranges:
             # int8/uint8 answers: ranges from the texts the recipe saw, never the held-out ones
-            seen = [*calibration_inputs(options.task), *tuning_inputs(options.task), *probe_inputs(options.task)]
-            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(artifact_model, seen))
-        del artifact_model  # its session holds the whole graph: not kept through packaging
-    if not parity.passed:
-        report = "parity failed:\n" + "\n".join(f"  - {f}" for f in parity.failures)
-        if not options.allow_failed_parity:
-            raise ParityFailed(parity, report)
-        log(report + "\n  (kept because --allow-failed-parity was given; the manifest records passed=false)")
+            seen = [*self.task.calibration(), *self.task.tuning(), *self.task.probes()]
+            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(model, seen))
+        del model  # its session holds the whole graph: not kept through packaging
+        return checked, facts
 
-    with stages.stage("package"):
-        manifest = dataclasses.replace(
-            draft,
-            model=package.describe_model(final, precision),
-            task=facts,
-            optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantization,
-                                      kept_float=kept_float, stage_seconds=stages.seconds, notes=notes,
-                                      exported_bytes=model_bytes(exported), fusion_model_type=fusion.model_type),
-            parity=dataclasses.replace(
-                draft.parity, metrics=parity.metrics, passed=parity.passed, failures=parity.failures,
-                host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
-                overridden=not parity.passed, probe_set=HELDOUT_DESCRIPTION, modes=checked.modes,
-                batch_invariance=checked.batch_invariance, provider=checked.provider),
-            created_at=package.now(),
-        )
-        manifest.save(staging)
-    return manifest
-
-
-def source_notes(source: SourceModel) -> list[str]:
-    """What the artifact does for this model that a reader of the manifest should know."""
-    notes = []
-    if source.head and source.task == "feature-extraction":
-        notes.append("the graph ends with the model's pooling and " + ", ".join(m.kind for m in source.head)
-                     + " modules: it answers sentence embeddings")
-    if source.task == "feature-extraction" and all((source.path / f"{name}.pt").is_file() for name in M3_HEADS):
-        notes.append("the model also has bge-m3's sparse and ColBERT heads (colbert_linear.pt, sparse_linear.pt): "
-                     "--task hybrid-embedding serves all three embeddings from one pass")
-    if "lasttoken" in (source.facts.pooling or "").split("+"):
-        eos = source.tokenizer.eos_token
-        ends = source.tokenizer("probe")["input_ids"][-1:] == [source.tokenizer.eos_token_id]
-        notes.append(f"last-token pooling reads the {eos} its tokenizer appends to every input" if ends and eos else
-                     "last-token pooling reads each input's last token; this tokenizer appends no end-of-sequence "
-                     "token")
-    return notes
+    def parity(self, draft: Parity, checked: ServedParity) -> Parity:
+        result = checked.result
+        return dataclasses.replace(
+            draft, metrics=result.metrics, passed=result.passed, failures=result.failures,
+            host_cpu_flags=sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma"))),
+            overridden=not result.passed, probe_set=HELDOUT_DESCRIPTION, modes=checked.modes,
+            batch_invariance=checked.batch_invariance, provider=checked.provider)
 
 
 def _to_fp16(src: Path, dst: Path) -> None:
@@ -305,26 +319,6 @@ def _to_fp16(src: Path, dst: Path) -> None:
     model = OnnxModel(onnx.load(str(src)))
     model.convert_float_to_float16(keep_io_types=True)
     save_model(model.model, dst)
-
-
-def _reference_name(source: SourceModel) -> str:
-    if source.task == "feature-extraction":
-        return "sentence-transformers SentenceTransformer, PyTorch FP32" + (
-            "" if source.sentence_transformers else f" (transformers model + {source.facts.pooling} pooling)")
-    if source.facts.reranker is not None:
-        return ("transformers causal LM: P(true token) against the false one at the last token, as its model card "
-                "computes it, PyTorch FP32")
-    if source.task == "multi-vector":
-        return "sentence-transformers MultiVectorEncoder.encode_document, PyTorch FP32"
-    if source.task == "hybrid-embedding":
-        return ("bge-m3's formulas over the transformers encoder (dense: first token normalized; sparse: relu of "
-                "sparse_linear, each token id's largest; ColBERT: colbert_linear normalized), PyTorch FP32")
-    if source.task == "sparse-embedding":
-        return "sentence-transformers SparseEncoder, PyTorch FP32" + (
-            "" if source.sentence_transformers else " (transformers masked-LM + SpladePooling)")
-    if source.task == "ranking":
-        return "sentence-transformers CrossEncoder, PyTorch FP32"
-    return "transformers, PyTorch FP32"
 
 
 def _revision(path: Path) -> str | None:

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from infinity.hostinfo import cpu_flags
+from infinity.manifest import Activations, Precision, WeightRounding, WeightType
 from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
-
-PRECISIONS = ("int8", "fp32", "fp16")
 
 
 @dataclass(frozen=True)
@@ -15,20 +13,17 @@ class TargetPreset:
     name: str
     why: str
     providers: tuple[str, ...]
-    precisions: tuple[str, ...]
+    precisions: tuple[Precision, ...]  # the first is the default
     required_cpu_flags: tuple[str, ...] = ()
     quantization: QuantizationConfig | None = None
-    provider_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provider_options: dict[str, dict[str, str | int | bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = set(self.precisions) - set(PRECISIONS)
-        if unknown:
-            raise ValueError(f"unknown precisions {sorted(unknown)} in preset {self.name}")
-        if "int8" in self.precisions and self.quantization is None:
+        if Precision.INT8 in self.precisions and self.quantization is None:
             raise ValueError(f"preset {self.name} offers int8 without a quantization config")
 
     @property
-    def default_precision(self) -> str:
+    def default_precision(self) -> Precision:
         return self.precisions[0]
 
     @property
@@ -50,22 +45,13 @@ NO_VNNI_WEIGHTS = ("7-bit weights (reduce_range): VPMADDUBSW adds pairs of u8 x 
                    "8-bit weights can saturate")
 # Each input's smoothing strength is chosen among these (or none) by simulated error on its calibration rows.
 SMOOTHING_ALPHAS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9)
-PER_TOKEN_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
-                                    activations="per_token", calibrated_roles=CALIBRATED_ROLES,
-                                    smoothing_alphas=SMOOTHING_ALPHAS, weight_rounding="compensated",
-                                    weight_bits_why="8-bit weights: VPDPBUSD sums u8 x s8 products in 32 bits")
-PER_TOKEN = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True, activations="per_token",
-                               smoothing_alphas=SMOOTHING_ALPHAS, weight_bits_why=NO_VNNI_WEIGHTS,
-                               weight_rounding="compensated")
-PER_TOKEN_ON_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True,
-                                       activations="per_token", weight_bits_why=VNNI_WEIGHTS,
+PER_TOKEN = QuantizationConfig(weight_type=WeightType.QINT8, per_channel=True, reduce_range=True,
+                               activations=Activations.PER_TOKEN, smoothing_alphas=SMOOTHING_ALPHAS,
+                               weight_bits_why=NO_VNNI_WEIGHTS, weight_rounding=WeightRounding.COMPENSATED)
+PER_TOKEN_ON_VNNI = QuantizationConfig(weight_type=WeightType.QINT8, per_channel=True, reduce_range=True,
+                                       activations=Activations.PER_TOKEN, weight_bits_why=VNNI_WEIGHTS,
                                        wide_weights_flags=VNNI_FLAGS, calibrated_roles=CALIBRATED_ROLES,
-                                       smoothing_alphas=SMOOTHING_ALPHAS, weight_rounding="compensated")
-# onnxruntime's dynamic INT8 (one scale per padded batch), kept for comparison and for --recipe per-tensor.
-PER_TENSOR_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=False,
-                                     activations="per_tensor")
-PER_TENSOR_NO_VNNI = QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=True,
-                                        activations="per_tensor")
+                                       smoothing_alphas=SMOOTHING_ALPHAS, weight_rounding=WeightRounding.COMPENSATED)
 _CPU = ("CPUExecutionProvider",)
 
 TRT_SHAPES = {"min": (1, 1), "opt": (8, 128), "max": (32, 512)}
@@ -87,30 +73,31 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
         "alpha 0.5, per-channel weights at 8 bits when every node quantizes within parity on a VNNI build host "
         "(first with one calibrated scale for LayerNorm and attention outputs, which the INT8 MatMul applies in "
         "its kernel), else 7 with the parity search (see the weight bits' reason).",
-        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
+        _CPU, (Precision.INT8, Precision.FP32), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
     TargetPreset(
         "cascadelake",
         "AVX-512 VNNI like Ice Lake (first VNNI generation): same per-token recipe.",
-        _CPU, ("int8", "fp32"), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
+        _CPU, (Precision.INT8, Precision.FP32), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),
     TargetPreset(
         "skylake",
         "AVX-512 without VNNI: per-token INT8 as on Ice Lake; u8 x s8 goes through VPMADDUBSW, whose int16 pair "
         "sums saturate with 8-bit weights (held-out cosine_min 0.981 on MiniLM), so 7-bit weights are required.",
-        _CPU, ("int8", "fp32"), ("avx512f", "avx512bw"), PER_TOKEN),
+        _CPU, (Precision.INT8, Precision.FP32), ("avx512f", "avx512bw"), PER_TOKEN),
     TargetPreset(
         "avx2",
         "Generic AVX2: per-token INT8 with 7-bit weights, as on Skylake (the same VPMADDUBSW saturation).",
-        _CPU, ("int8", "fp32"), ("avx2",), PER_TOKEN),
+        _CPU, (Precision.INT8, Precision.FP32), ("avx2",), PER_TOKEN),
     TargetPreset(
         "cuda",
         "NVIDIA GPUs through the CUDA execution provider: FP16 weights and math on tensor cores, "
         "inputs and outputs kept FP32/INT64 so clients see the same types.",
-        ("CUDAExecutionProvider", "CPUExecutionProvider"), ("fp16", "fp32")),
+        ("CUDAExecutionProvider", "CPUExecutionProvider"), (Precision.FP16, Precision.FP32)),
     TargetPreset(
         "tensorrt",
         "TensorRT execution provider: FP16 engines built per optimization profile (sequence-length "
         "buckets) and cached on disk so restarts skip the build; CUDA EP as fallback for unsupported nodes.",
-        ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"), ("fp16", "fp32"),
+        ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+        (Precision.FP16, Precision.FP32),
         provider_options={"TensorrtExecutionProvider": {
             "trt_fp16_enable": True,
             "trt_int8_enable": False,

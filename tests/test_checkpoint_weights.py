@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from optimize.export import CheckedLoadReport, UnsupportedModel, export_onnx
+from optimize.export import export_onnx
 from optimize.source import load_source
+from optimize.tasks.base import CheckedLoadReport, UnsupportedModel
 from tests.models import minilm_dir, transformers_files
 
 Weights = dict[str, np.ndarray]

@@ -20,11 +20,12 @@ import pytest
 from infinity.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from infinity.tokenization import TextTokenizer
-from optimize.calibrate import Feeder, calibrate, calibration_inputs
+from optimize.calibrate import Feeder, calibrate
 from optimize.presets import PRESETS, VNNI_FLAGS
 from optimize.quantize.per_token import per_token_candidates, quantize_per_token
 from optimize.quantize.rounding import CompensatedRounding
 from optimize.quantize.smoothing import choose_strengths
+from optimize.tasks import task_for
 from tests.servers import running
 
 TASK = "feature-extraction"
@@ -111,10 +112,9 @@ def test_the_optimizer_stops_at_every_node_int8_and_it_is_faithful_alone_and_bat
 
 
 def test_the_server_answers_what_the_original_does_and_the_same_in_any_batch(mpnet, tmp_path):
-    from optimize.validate.heldout import heldout_inputs
 
     source, artifact = mpnet
-    inputs = heldout_inputs(TASK)
+    inputs = task_for(TASK).heldout()
     expected = reference_for(source, inputs)
     texts, wanted = inputs[:24], np.asarray(expected[:24])
     with running(artifact, tmp_path / "server.log") as server:
@@ -129,13 +129,11 @@ def test_the_server_answers_what_the_original_does_and_the_same_in_any_batch(mpn
 def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_texts(mpnet, tmp_path):
     """The same graph with nearest-code weights, or with one smoothing strength for every input, misses what the
     artifact passes: the optimizer's search texts (its stress probes among them)."""
-    from optimize.validate.heldout import tuning_inputs
-    from optimize.validate.probes import probe_inputs
     from optimize.validate.served import load_candidate, served_parity
 
     source, artifact = mpnet
     manifest = Manifest.load(artifact)
-    inputs = [*probe_inputs(TASK), *tuning_inputs(TASK)]
+    inputs = [*task_for(TASK).probes(), *task_for(TASK).tuning()]
     reference = reference_for(source, inputs)
     staging = tmp_path / "artifact"
     shutil.copytree(artifact, staging)
@@ -149,7 +147,7 @@ def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_t
         tokenizer = TextTokenizer(artifact / manifest.tokenizer.file, manifest.tokenizer.max_length,
                                   manifest.tokenizer.pad_id)
         calibration = calibrate(graph, per_token_candidates(graph),
-                                (f for _, f in Feeder(tokenizer).batches(calibration_inputs(TASK))), samples=True)
+                                (f for _, f in Feeder(tokenizer).batches(task_for(TASK).calibration())), samples=True)
         strengths = choose_strengths(graph, calibration, config.smoothing_alphas, 8, roles)
     assert None in strengths.values() and len(set(strengths.values())) >= 3  # no one strength fits every input
     worst = {}

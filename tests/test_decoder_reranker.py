@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from infinity.manifest import Manifest
-from optimize.source import RERANKERS, load_source
+from optimize.source import load_source
+from optimize.tasks.ranking import RERANKERS
 from optimize.validate.reference import torch_reference
 from tests.servers import Server, running
 

@@ -174,7 +174,7 @@ def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp
     if expect.get("searched"):
         assert manifest.optimization.kept_float and not manifest.parity.passed
     if expect.get("split"):
-        assert quantization.activations == "per_tensor" and quantization.outliers["applied"]
+        assert quantization.activations == "per_tensor" and quantization.outliers.applied
     assert set(manifest.model.external_data) == {"model.onnx.data"}
     verify_checksums(out, manifest)
     with running(out, tmp_path / "serve.log", "--allow-failed-parity") as server:

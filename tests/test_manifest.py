@@ -1,19 +1,25 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from infinity.manifest import (
     SCHEMA_VERSION,
+    Activations,
     Manifest,
     ManifestError,
     ModelFile,
     Optimization,
+    Outliers,
     Parity,
+    Precision,
     Quantization,
     Source,
     Target,
     TaskFacts,
+    TaskName,
     TokenizerFile,
+    WeightType,
     sha256_file,
     verify_checksums,
     write_atomically,
@@ -186,3 +192,17 @@ def test_an_unknown_or_mistyped_quantization_field_is_named(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="optimization.quantization.weight_bits must be an integer"):
         Manifest.load(tmp_path)
+
+
+def test_the_first_manifest_shape_still_loads():
+    """The manifest of the optimizer's first release (tests/manifests/first.json: its fields and its untyped
+    quantization record, whose "mode" was the only name of the activation scheme) reads as today's dataclasses."""
+    data = json.loads((Path(__file__).with_name("manifests") / "first.json").read_text())
+    manifest = Manifest.from_dict(data)
+    assert manifest.source.task is TaskName.FEATURE_EXTRACTION and manifest.model.precision is Precision.INT8
+    q = manifest.optimization.quantization
+    assert isinstance(q, Quantization) and q.activations is Activations.PER_TENSOR and not q.batch_invariant
+    assert q.weight_type is WeightType.QINT8 and q.candidates == 38 and q.outliers == Outliers()
+    assert manifest.parity.passed and manifest.parity.provider == ""  # not recorded then
+    assert manifest.to_dict()["optimization"]["quantization"]["activations"] == "per_tensor"
+    assert json.loads(json.dumps(manifest.to_dict()))["source"]["task"] == "feature-extraction"

@@ -75,7 +75,7 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
 def test_minilm_int8_embeddings_agree_with_sentence_transformers(minilm_int8_artifact):
     from sentence_transformers import SentenceTransformer
 
-    from optimize.validate.probes import SINGLES
+    from optimize.texts import SINGLES
 
     manifest = Manifest.load(minilm_int8_artifact)
     assert manifest.parity.metrics["cosine_min"] >= 0.99
@@ -208,14 +208,14 @@ def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_a
     assert carried.recipe_from == str(minilm_int8_artifact)
     # the weight bits come with the recipe (8 only where this host's kernels sum in 32 bits, as the source's did)
     assert carried.weight_bits == Manifest.load(minilm_int8_artifact).optimization.quantization.weight_bits
-    assert carried.outliers["applied"] is source["applied"]
-    if source["applied"]:
+    assert carried.outliers.applied is source.applied
+    if source.applied:
         by_role = {node_role(name): count for name, count in source["per_node"].items()}
-        assert carried.outliers["per_node"]
-        for name, count in carried.outliers["per_node"].items():
+        assert carried.outliers.per_node
+        for name, count in carried.outliers.per_node.items():
             assert count == by_role[node_role(name)], name
         ops = op_counts(out / "model.onnx")
-        assert ops["Gather"] >= carried.outliers["nodes"]
+        assert ops["Gather"] >= carried.outliers.nodes
 
 
 def test_the_task_comes_from_the_directory_where_it_says_which(artifacts, tmp_path):

@@ -17,7 +17,8 @@ import pytest
 
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import pool
-from optimize.source import hub_id, load_source, pooling_mode
+from optimize.checkpoint import pooling_mode
+from optimize.source import hub_id, load_source
 from tests.models import QWEN3_PROMPTS, minilm_dir
 from tests.servers import ROOT, Server, running
 

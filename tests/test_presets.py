@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from infinity.hostinfo import cpu_name
-from optimize.presets import PER_TOKEN_VNNI, PRESETS, TargetPreset, resolve_target, tensorrt_profiles
+from optimize.presets import PRESETS, TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize.config import QuantizationConfig
 
 VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
@@ -40,10 +40,6 @@ def test_cpu_presets_quantize_per_token_with_7_bit_weights_and_say_why(name, ker
     q = PRESETS[name].quantization
     assert (q.activations, q.weight_type, q.per_channel, q.weight_bits) == ("per_token", "QInt8", True, 7)
     assert q.batch_invariant and q.record().weight_bits == 7 and kernel in q.record().weight_bits_why
-
-
-def test_the_8_bit_alternative_is_named_for_vnni():
-    assert PER_TOKEN_VNNI.weight_bits == 8 and "VPDPBUSD" in PER_TOKEN_VNNI.weight_bits_why
 
 
 @pytest.mark.parametrize("name", ["icelake", "cascadelake", "skylake", "avx2"])

@@ -27,9 +27,8 @@ def test_outlier_channel_counts_carry_by_role():
 
 
 def test_calibration_texts_are_not_the_probes():
-    from optimize.calibrate import calibration_inputs
-    from optimize.validate.probes import probe_inputs
+    from optimize.tasks import task_for
 
     for task in ("feature-extraction", "sequence-classification", "ranking", "token-classification"):
-        calibration, probes = calibration_inputs(task), probe_inputs(task)
+        calibration, probes = task_for(task).calibration(), task_for(task).probes()
         assert len(calibration) >= 10 and not set(calibration) & set(probes)

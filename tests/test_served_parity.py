@@ -5,9 +5,7 @@ import pytest
 from infinity.manifest import Manifest
 from infinity.model import LoadedModel
 from infinity.settings import Settings
-from optimize.calibrate import calibration_inputs
-from optimize.validate.heldout import heldout_inputs
-from optimize.validate.probes import probe_inputs
+from optimize.tasks import task_for
 from optimize.validate.served import PADDING_BOUND, mixed_batches, run_served
 
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
@@ -19,10 +17,10 @@ FLOAT_TOLERANCE = 1e-5  # fp32 kernels may block a batch differently from a sing
 
 @pytest.mark.parametrize("task", TASKS)
 def test_heldout_texts_are_many_varied_and_apart_from_what_the_optimizer_tunes_on(task):
-    heldout = heldout_inputs(task)
+    heldout = task_for(task).heldout()
     assert len(heldout) >= 200 and len(set(heldout)) >= 0.95 * len(heldout)
-    assert not set(heldout) & (set(probe_inputs(task)) | set(calibration_inputs(task)))
-    assert heldout == heldout_inputs(task)  # reproducible
+    assert not set(heldout) & (set(task_for(task).probes()) | set(task_for(task).calibration()))
+    assert heldout == task_for(task).heldout()  # reproducible
     texts = [t for item in heldout for t in (item if isinstance(item, tuple) else (item,))]
     words = [len(t.split()) for t in texts]
     assert min(words) == 1 and max(words) > 300  # one token to beyond any maximum length
@@ -56,7 +54,7 @@ def test_an_answer_does_not_depend_on_its_batch(artifact_for, task, precision):
     bound = 0.0 if precision == "int8" else FLOAT_TOLERANCE  # per-token INT8 promises bit-identical answers
     assert recorded["largest_batch"] > 8 and recorded["max_abs_diff"] <= bound
     model = LoadedModel.load(path, threads=2, providers=["CPUExecutionProvider"], spin_wait=False)
-    inputs = heldout_inputs(task)[::3]
+    inputs = task_for(task).heldout()[::3]
     outputs = run_served(model, inputs)
     worst = max(float(np.abs(a - b).max()) for a, b in zip(outputs.alone, outputs.batched))
     assert outputs.batch_rows > 8

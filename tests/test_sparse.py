@@ -14,8 +14,9 @@ import pytest
 
 from infinity.manifest import Manifest
 from optimize.source import load_source
-from optimize.validate.heldout import heldout_inputs
-from optimize.validate.reference import sparse_encoder, torch_reference
+from optimize.tasks import task_for
+from optimize.tasks.sparse_embedding import sparse_encoder
+from optimize.validate.reference import torch_reference
 from tests.models import build_tiny_splade, minilm_dir, transformers_files
 from tests.servers import Server, running
 
@@ -128,7 +129,7 @@ def test_the_int8_artifact_passes_sparse_parity_batch_invariant(artifact_for: An
     assert metrics["cosine_min"] >= 0.99 and metrics["dot_spearman_mean"] >= 0.95
     assert metrics["top_k_overlap_mean"] >= 0.9
     assert manifest.parity.batch_invariance["max_abs_diff"] == 0.0
-    texts = heldout_inputs("sparse-embedding")[:24]
+    texts = task_for("sparse-embedding").heldout()[:24]
     with running(artifact, tmp_path / "server.log") as server:
         batched = httpx.post(server.url + "/embed_sparse", json={"inputs": texts}, timeout=120).json()
         alone = [httpx.post(server.url + "/embed_sparse", json={"inputs": text}, timeout=60).json()[0]
@@ -161,7 +162,8 @@ def test_a_splade_model_asked_for_the_wrong_thing_is_refused_in_one_line(splade_
 
 
 def test_a_model_without_a_masked_lm_head_is_refused_not_run_on_random_weights(tmp_path: Path) -> None:
-    from optimize.export import UnsupportedModel, export_onnx
+    from optimize.export import export_onnx
+    from optimize.tasks.base import UnsupportedModel
 
     bare = transformers_files(minilm_dir(), tmp_path / "bert")  # a BertModel: no masked-LM head
     source = load_source(str(bare), "sparse-embedding", pooling="splade")

@@ -52,7 +52,6 @@ class OutlierLimits:
 def outlier_limits(artifact: Path | str) -> OutlierLimits | None:
     """How many outlier channels the artifact split off per layer role; None where it split none off."""
     quantization = Manifest.load(artifact).optimization.quantization
-    outliers = quantization.outliers if quantization else {}
-    if not outliers.get("applied"):
+    if quantization is None or not quantization.outliers.applied:
         return None
-    return OutlierLimits({node_role(name): count for name, count in outliers.get("per_node", {}).items()})
+    return OutlierLimits({node_role(name): count for name, count in quantization.outliers.per_node.items()})

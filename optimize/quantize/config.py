@@ -3,16 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infinity.manifest import Quantization
-
-WEIGHT_TYPES = ("QInt8", "QUInt8")
-
-
-ACTIVATION_MODES = ("per_token", "per_tensor")
-
-
-WEIGHT_ROUNDINGS = ("nearest", "compensated")  # per_token: each weight to its nearest code, or GPTQ's
-
+from infinity.manifest import Activations, Quantization, WeightRounding, WeightType
 
 CALIBRATED_ROLES = ("normalized", "context")  # inputs whose rows a LayerNorm or an attention already bounds
 
@@ -24,12 +15,12 @@ class QuantizationConfig:
     `per_token`: one activation scale per row (token), so an input's answer never depends on its batch; outliers
     smoothed into the weights. `per_tensor`: onnxruntime's dynamic quantization, one scale per padded batch, with
     outlier channels split off into float side paths."""
-    weight_type: str = "QInt8"
+    weight_type: WeightType = WeightType.QINT8
     per_channel: bool = True
     reduce_range: bool = False  # 7-bit weights: u8 x s8 pair sums stay inside int16 on VPMADDUBSW (no VNNI)
     op_types: tuple[str, ...] = ("MatMul", "Attention")
     split_outliers: bool = True  # per_tensor: outlier input channels of each MatMul go through a small float MatMul
-    activations: str = "per_token"
+    activations: Activations = Activations.PER_TOKEN
     smoothing_alpha: float = 0.5  # per_token: s = range_x^alpha / range_w^(1 - alpha)
     # per_token: each input's alpha chosen among these (or no smoothing) by simulated error on its calibration rows;
     # empty: smoothing_alpha for every input
@@ -44,23 +35,26 @@ class QuantizationConfig:
     # per_token ("per_tensor" ignores it): "compensated" rounds each MatMul's weight codes so their errors cancel on
     # its input's calibration rows (optimize/quantize/rounding.py), with the rows' Gram matrix damped by
     # rounding_damping x its mean diagonal
-    weight_rounding: str = "nearest"
+    weight_rounding: WeightRounding = WeightRounding.NEAREST
     rounding_damping: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.weight_type not in WEIGHT_TYPES:
-            raise ValueError(f"weight_type must be one of {WEIGHT_TYPES}, not {self.weight_type!r}")
+        # the choices as their enums, whether given as members or as their names
+        for name, kind in (("weight_type", WeightType), ("activations", Activations),
+                           ("weight_rounding", WeightRounding)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                raise ValueError(f"{name} must be one of {', '.join(map(str, kind))}, not {value!r}") from None
         if not self.op_types:
             raise ValueError("op_types must name at least one operator")
-        if self.activations not in ACTIVATION_MODES:
-            raise ValueError(f"activations must be one of {ACTIVATION_MODES}, not {self.activations!r}")
-        if self.activations == "per_token" and (self.weight_type != "QInt8" or not self.per_channel):
+        if self.activations == Activations.PER_TOKEN and (self.weight_type != WeightType.QINT8
+                                                          or not self.per_channel):
             raise ValueError("per_token activations go with per-channel QInt8 weights")
         if set(self.calibrated_roles) - set(CALIBRATED_ROLES):
             raise ValueError(f"calibrated_roles must be among {CALIBRATED_ROLES}")
-        if self.weight_rounding not in WEIGHT_ROUNDINGS:
-            raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, not {self.weight_rounding!r}")
-        if self.weight_rounding == "compensated" and self.rounding_damping <= 0:
+        if self.weight_rounding == WeightRounding.COMPENSATED and self.rounding_damping <= 0:
             raise ValueError("compensated weight rounding needs a positive rounding_damping")
         if not all(0 <= alpha <= 1 for alpha in (self.smoothing_alpha, *self.smoothing_alphas)):
             raise ValueError("smoothing alphas must be between 0 and 1")
@@ -72,11 +66,11 @@ class QuantizationConfig:
     @property
     def compensated(self) -> bool:
         """Compensated weight rounding: a per-token recipe's (onnxruntime's per-tensor quantizer rounds its own)."""
-        return self.weight_rounding == "compensated" and self.activations == "per_token"
+        return self.weight_rounding == WeightRounding.COMPENSATED and self.activations == Activations.PER_TOKEN
 
     @property
     def batch_invariant(self) -> bool:
-        return self.activations == "per_token"
+        return self.activations == Activations.PER_TOKEN
 
     def record(self) -> Quantization:
         """The manifest's record of these settings, before the build's choices (bits, calibrated roles) fill it."""
@@ -85,7 +79,7 @@ class QuantizationConfig:
             reduce_range=self.reduce_range, weight_bits=self.weight_bits, weight_bits_why=self.weight_bits_why,
             op_types=list(self.op_types), split_outliers=self.split_outliers, smoothing_alpha=self.smoothing_alpha,
             smoothing_alphas=list(self.smoothing_alphas), batch_invariant=self.batch_invariant,
-            weight_rounding="compensated" if self.compensated else "nearest",
+            weight_rounding=WeightRounding.COMPENSATED if self.compensated else WeightRounding.NEAREST,
             rounding_damping=self.rounding_damping if self.compensated else 0.0)
 
 

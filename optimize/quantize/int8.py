@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 
 from infinity.hostinfo import cpu_flags
-from infinity.manifest import Manifest, Quantization
-from optimize.calibrate import Feeder, activation_ranges, calibrate, calibration_inputs
+from infinity.manifest import Manifest, Outliers, Quantization
+from optimize.calibrate import Feeder, activation_ranges, calibrate
 from optimize.onnxio import copy_model
 from optimize.quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
@@ -22,6 +22,7 @@ from optimize.quantize.per_token import PerTokenRecord, per_token_candidates, qu
 from optimize.quantize.rounding import CompensatedRounding
 from optimize.quantize.search import Evaluate, accuracy_aware_quantize, keep_fewest_float
 from optimize.quantize.smoothing import Strengths, choose_strengths
+from optimize.tasks.base import OptimizerTask
 
 Log = Callable[[str], None]
 
@@ -37,7 +38,7 @@ class Int8Result:
 class _Graph:
     path: Path
     float_nodes: list[str]  # outlier side paths, never quantized
-    outliers: dict[str, Any]
+    outliers: Outliers
 
 
 def float_weight_params(model_path: Path, nodes: list[str]) -> int:
@@ -48,7 +49,7 @@ def float_weight_params(model_path: Path, nodes: list[str]) -> int:
     return sum(sizes.get(node.input[1], 0) for node in graph.node if node.name in wanted and len(node.input) > 1)
 
 
-def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate,
+def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask, evaluate: Evaluate,
                   feeder: Feeder, work: Path, log: Log, threads: int = 0,
                   keep_float_like: Path | None = None) -> Int8Result:
     """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
@@ -58,20 +59,20 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
     if keep_float_like is not None:
         return _carry(src, dst, config, task, feeder, work, log, threads, keep_float_like)
     if not config.split_outliers:
-        return _search(_Graph(src, [], {"applied": False, "reason": "disabled in the preset"}), dst, config,
+        return _search(_Graph(src, [], Outliers(reason="disabled in the preset")), dst, config,
                        evaluate, work / "plain", log)
     plain_int8 = work / "plain_int8.onnx"
     quantize(src, plain_int8, config)
     if evaluate(plain_int8).passed:
-        return _search(_Graph(src, [], {"applied": False, "reason": "full INT8 passed without it"}), dst, config,
+        return _search(_Graph(src, [], Outliers(reason="full INT8 passed without it")), dst, config,
                        evaluate, work / "plain", log, plain_int8)
     split = _split(src, work / "split.onnx", config, task, feeder, log, threads)
     with_split = _search(split, work / "split" / "final.onnx", config, evaluate, work / "split", log)
     chosen = with_split
     if with_split.kept_float:
         log("  searching again without the outlier split, to keep whichever leaves fewer weights in float")
-        without = _search(_Graph(src, [], {**split.outliers, "applied": False,
-                                           "reason": "the search without it kept fewer weights in float"}),
+        without = _search(_Graph(src, [], replace(split.outliers, applied=False,
+                                                  reason="the search without it kept fewer weights in float")),
                           work / "plain" / "final.onnx", config, evaluate, work / "plain", log, plain_int8)
         costs = {"split": float_weight_params(split.path, [*with_split.kept_float, *split.float_nodes]),
                  "plain": float_weight_params(src, without.kept_float)}
@@ -83,14 +84,14 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: str, e
     return chosen
 
 
-def _split(src: Path, dst: Path, config: QuantizationConfig, task: str, feeder: Feeder, log: Log,
+def _split(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask, feeder: Feeder, log: Log,
            threads: int, limits: OutlierLimits | None = None) -> _Graph:
-    calibration = calibration_inputs(task)
+    calibration = task.calibration()
     nodes = quantizable_nodes(src, config)
     ranges = activation_ranges(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads)
     split = split_outliers(src, dst, ranges, None if limits is None else limits.for_nodes(nodes))
-    record = {**split.to_dict(), "calibration_inputs": len(calibration), "applied": True}
-    log(f"  outliers: {record['channels']} input channels of {record['nodes']} MatMuls kept in float, "
+    record = replace(split.record(), calibration_inputs=len(calibration), applied=True)
+    log(f"  outliers: {record.channels} input channels of {record.nodes} MatMuls kept in float, "
         f"{len(split.smoothed)} Attention inputs smoothed (calibrated on {len(calibration)} inputs apart from the "
         "probes)")
     return _Graph(dst, split.float_nodes, record)
@@ -105,10 +106,10 @@ def _search(graph: _Graph, dst: Path, config: QuantizationConfig, evaluate: Eval
     return Int8Result(record, result.kept_float, result.full_int8_model if result.kept_float else None)
 
 
-def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, feeder: Feeder, work: Path,
+def _carry(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask, feeder: Feeder, work: Path,
            log: Log, threads: int, artifact: Path) -> Int8Result:
     """Another artifact's recipe on this model: its outlier channel counts and float-kept roles, no search."""
-    graph = _Graph(src, [], {"applied": False, "reason": f"not applied in {artifact}"})
+    graph = _Graph(src, [], Outliers(reason=f"not applied in {artifact}"))
     limits = outlier_limits(artifact)
     if limits is not None:
         graph = _split(src, work / "split.onnx", config, task, feeder, log, threads, limits)
@@ -126,13 +127,13 @@ def _carry(src: Path, dst: Path, config: QuantizationConfig, task: str, feeder: 
     return Int8Result(record, kept_float, full_int8)
 
 
-def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, evaluate: Evaluate, feeder: Feeder,
-               work: Path, log: Log, threads: int, keep_float_like: Path | None) -> Int8Result:
+def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask, evaluate: Evaluate,
+               feeder: Feeder, work: Path, log: Log, threads: int, keep_float_like: Path | None) -> Int8Result:
     """Per-token INT8 with smoothing calibrated apart from the probes. With 8-bit weights (on a VNNI build host, or
     a target that asks for 8), the fastest whole graph that passes parity is kept: calibrated scales for the roles
     the target names, then a scale per row for every input; else the parity search keeps nodes float (or as the
     carried artifact kept them)."""
-    calibration = calibration_inputs(task)
+    calibration = task.calibration()
     nodes = per_token_candidates(src)
     calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
                            samples=bool(config.smoothing_alphas) or config.compensated)
@@ -160,8 +161,7 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: str, eval
     # 8-bit weights only where the build host's kernels sum u8 x s8 in 32 bits, as the target's do
     wide = config.weight_bits < 8 and bool(set(config.wide_weights_flags) & cpu_flags())
     record = replace(config.record(), calibration_inputs=len(calibration),
-                     outliers={"applied": False, "reason": "per-token recipe: outlier channels are smoothed into the "
-                                                           "weights"})
+                     outliers=Outliers(reason="per-token recipe: outlier channels are smoothed into the weights"))
 
     def chosen(bits: int, roles: tuple[str, ...], **counts: Any) -> Quantization:
         smoothing = last[0]

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from infinity.manifest import Outliers
 from optimize.onnxio import save_model
 
 RATIO = 3.0         # a channel is an outlier when its calibrated range exceeds RATIO x the median channel's
@@ -32,10 +32,11 @@ class OutlierSplit:
     float_nodes: list[str] = field(default_factory=list)    # the float side paths, never to be quantized
     smoothed: list[str] = field(default_factory=list)       # Attention nodes whose input was smoothed
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ratio": RATIO, "max_channels": MAX_CHANNELS, "nodes": len(self.channels),
-                "channels": sum(self.channels.values()), "per_node": dict(self.channels),
-                "smoothing_alpha": ALPHA, "smoothed": list(self.smoothed)}
+    def record(self) -> Outliers:
+        """The manifest's record of this split."""
+        return Outliers(applied=True, ratio=RATIO, max_channels=MAX_CHANNELS, nodes=len(self.channels),
+                        channels=sum(self.channels.values()), per_node=dict(self.channels), smoothing_alpha=ALPHA,
+                        smoothed=list(self.smoothed))
 
 
 def side_path_name(node: str) -> str:

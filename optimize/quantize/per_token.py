@@ -149,38 +149,56 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
     of a scale per row. `alphas`: the smoothing strength of each input tensor (None: not smoothed), where it is not
     `alpha`. `rounding`: weight codes rounded to compensate each other's error on the inputs' calibration rows,
     where it has them, rather than each to its nearest code."""
-    ranges = None if bounds is None else peaks(bounds)
-    model = _at_opset(onnx.load(str(src)))
-    inferred = _shapes_of(src, model)
-    graph = model.graph
-    unshare_weights(graph, rewritable(graph))
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    weights = {init.name: init for init in graph.initializer}
-    skipped = set(exclude or [])
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers = _consumers(graph)
-    chosen = [n for n in rewritable(graph) if n.name not in skipped]
-    chosen_names = {n.name for n in chosen}
-    by_input: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in chosen:
-        by_input[node.input[0]].append(node)
+    rewrite = _Rewrite(src, set(exclude or []))
+    if bounds is not None:
+        rewrite.smooth(peaks(bounds), alpha, alphas or {})
+    calibrated = rewrite.calibrated(bounds, calibrated_roles)
+    codes = rewrite.codes(weight_bits, rounding)
+    rewrite.quantize(calibrated, codes, activation_bits)
+    rewrite.save(dst)
+    return rewrite.record
 
-    record = PerTokenRecord()
-    float_weights = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float32) for n in chosen}
-    biases = {n.name: numpy_helper.to_array(weights[n.input[2]]).astype(np.float32) for n in chosen
-              if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
-    # the float weights replaced below, held once (as arrays) from here on
-    replaced = {n.input[1] for n in chosen} | {n.input[2] for n in chosen if n.name in biases}
-    read_elsewhere = {name for node in graph.node if node.name not in chosen_names for name in node.input}
-    for name in replaced:
-        if name not in read_elsewhere:
-            weights[name].ClearField("raw_data")
-    smoothed_input: dict[str, str] = {}
-    inverse_scales: dict[str, np.ndarray] = {}
-    divided: dict[str, np.ndarray] = {}  # what each smoothed input's channels are multiplied by
-    if ranges is not None:
-        for tensor, nodes in by_input.items():
-            strength = (alphas or {}).get(tensor, alpha)
+
+class _Rewrite:
+    """One graph's candidate MatMuls (and Attentions) rewritten to per-token INT8, step by step: their inputs
+    smoothed, each input's scale chosen, the weight codes rounded, and the nodes replaced."""
+
+    def __init__(self, src: Path, skipped: set[str]) -> None:
+        self.model = _at_opset(onnx.load(str(src)))
+        self.inferred = _shapes_of(src, self.model)
+        graph = self.graph = self.model.graph
+        unshare_weights(graph, rewritable(graph))
+        self.opset = next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))
+        self.weights = {init.name: init for init in graph.initializer}
+        self.producers = {out: node for node in graph.node for out in node.output}
+        self.consumers = _consumers(graph)
+        self.chosen = [n for n in rewritable(graph) if n.name not in skipped]
+        self.chosen_names = {n.name for n in self.chosen}
+        self.by_input: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in self.chosen:
+            self.by_input[node.input[0]].append(node)
+        self.record = PerTokenRecord()
+        weights = self.weights
+        self.float_weights = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float32)
+                              for n in self.chosen}
+        self.biases = {n.name: numpy_helper.to_array(weights[n.input[2]]).astype(np.float32) for n in self.chosen
+                       if n.op_type == "Attention" and len(n.input) > 2 and n.input[2] in weights}
+        # the float weights replaced below, held once (as arrays) from here on
+        self.replaced = {n.input[1] for n in self.chosen} | {n.input[2] for n in self.chosen if n.name in self.biases}
+        read_elsewhere = {name for node in graph.node if node.name not in self.chosen_names for name in node.input}
+        for name in self.replaced:
+            if name not in read_elsewhere:
+                weights[name].ClearField("raw_data")
+        self.smoothed_input: dict[str, str] = {}
+        self.inverse_scales: dict[str, np.ndarray] = {}
+        self.divided: dict[str, np.ndarray] = {}  # what each smoothed input's channels are multiplied by
+
+    def smooth(self, ranges: dict[str, np.ndarray], alpha: float, alphas: Mapping[str, float | None]) -> None:
+        """SmoothQuant per input: the weight rows multiplied by s, the input divided by it, where possible inside
+        the attention or the value projection that made the input, else with one Mul."""
+        record, weights, float_weights = self.record, self.weights, self.float_weights
+        for tensor, nodes in self.by_input.items():
+            strength = alphas.get(tensor, alpha)
             if any(n.name not in ranges for n in nodes):
                 continue
             record.count_strength(strength)
@@ -189,21 +207,21 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
             peak = np.max([ranges[n.name] for n in nodes], axis=0)
             weight_peak = np.max([np.abs(float_weights[n.name]).max(axis=1) for n in nodes], axis=0)
             scale = smoothing_scales(peak, weight_peak, strength)
-            divided[tensor] = 1 / scale
+            self.divided[tensor] = 1 / scale
             for n in nodes:
                 float_weights[n.name] = float_weights[n.name] * scale[:, None]
             record.smoothed_inputs += 1
-            source = producers.get(tensor)
-            only_ours = all(c in nodes for c in consumers[tensor])
+            source = self.producers.get(tensor)
+            only_ours = all(c in nodes for c in self.consumers[tensor])
             # context = softmax(QK) V, channel by channel: dividing V's output column c divides context's c.
-            if (source is not None and source.op_type == "Attention" and source.name in chosen_names and only_ours
-                    and source.name in biases):
+            if (source is not None and source.op_type == "Attention" and source.name in self.chosen_names
+                    and only_ours and source.name in self.biases):
                 hidden = scale.shape[0]
                 float_weights[source.name][:, 2 * hidden:] /= scale[None, :]
-                biases[source.name][2 * hidden:] /= scale
+                self.biases[source.name][2 * hidden:] /= scale
                 record.smoothing_folded += 1
-            elif only_ours and (value := _value_projection(source, producers, consumers, weights)) is not None and (
-                    value[0].name in float_weights):
+            elif only_ours and (value := _value_projection(source, self.producers, self.consumers, weights)
+                                ) is not None and value[0].name in float_weights:
                 float_weights[value[0].name] = float_weights[value[0].name] / scale[None, :]
                 if value[1] is not None:
                     bias = numpy_helper.to_array(weights[value[1]]).astype(np.float32)
@@ -211,84 +229,101 @@ def quantize_per_token(src: Path, dst: Path, bounds: dict[str, Bounds] | None, w
                 record.smoothing_folded += 1
             else:
                 name = f"{tensor}/smooth"
-                graph.initializer.append(numpy_helper.from_array(1 / scale, f"{name}/inverse"))
-                smoothed_input[tensor] = name
-                inverse_scales[tensor] = 1 / scale
-    # A GELU output is bounded below: its codes spend GELU_ZERO on [floor, 0) and the other 239 on [0, row max],
-    # nearly twice the resolution of symmetric codes
-    one_sided_inputs = {tensor for tensor in by_input if input_role(tensor, producers.get(tensor)) == "gelu"}
-    calibrated: dict[str, tuple[float, int]] = {}  # input -> (scale, zero point)
-    for tensor, nodes in by_input.items():
-        if bounds is not None and input_role(tensor, producers.get(tensor)) in calibrated_roles and all(
-                n.name in bounds for n in nodes):
-            calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], divided.get(tensor))
-    codes = {}
-    for node in chosen:
-        tensor, weight = node.input[0], float_weights[node.name]
-        if rounding is not None and rounding.covers(tensor):
-            codes[node.name] = rounding.codes(tensor, weight, divided.get(tensor), weight_bits)
-            record.compensated += 1
-        else:
-            codes[node.name] = quantize_weight(weight, weight_bits)
-    bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
-    new_nodes: list[onnx.NodeProto] = []
-    zero_points = _ZeroPoints(graph, new_nodes)
-    # below ONNX's Attention (a graph the converter cannot lift): MultiHeadAttention
-    mask = _AttentionMask(graph, new_nodes) if opset >= ATTENTION_OPSET else None
-    ranks = shared_leading(inferred, graph.input[0].name)
-    prologue_done: set[str] = set()
-    for node in graph.node:
-        if node.name in bypassed:
-            continue
-        if node.name not in chosen_names:
-            new_nodes.append(node)
-            continue
-        tensor = node.input[0]
-        quantized, row_scale = f"{tensor}/q", f"{tensor}/row_scale"
-        one_sided = tensor in one_sided_inputs
-        zero = GELU_ZERO if one_sided else activation_levels(activation_bits)[1]
-        one_scale = tensor in calibrated
-        if one_scale:
-            row_scale, zero = f"{tensor}/calibrated_scale", calibrated[tensor][1]
-        if tensor not in prologue_done:
-            source = tensor
-            if tensor in smoothed_input:
-                smoothed = smoothed_input[tensor]
-                new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
-                                                  name=f"{smoothed}/Mul"))
-                source = smoothed
-            rows = float_weights[node.name].shape[0]
-            if one_scale:
-                _const(graph, row_scale, np.array(calibrated[tensor][0], np.float32))
-                new_nodes.append(helper.make_node("QuantizeLinear", [source, row_scale, _const(
-                    graph, f"{tensor}/calibrated_zero", np.array(zero, np.uint8))], [quantized],
-                    name=f"{tensor}/q/QuantizeLinear"))
-                record.calibrated += 1
+                self.graph.initializer.append(numpy_helper.from_array(1 / scale, f"{name}/inverse"))
+                self.smoothed_input[tensor] = name
+                self.inverse_scales[tensor] = 1 / scale
+
+    def calibrated(self, bounds: dict[str, Bounds] | None,
+                   roles: frozenset[str]) -> dict[str, tuple[float, int]]:
+        """input -> (scale, zero point) for the inputs of these roles that calibration saw."""
+        calibrated: dict[str, tuple[float, int]] = {}
+        for tensor, nodes in self.by_input.items():
+            if bounds is not None and input_role(tensor, self.producers.get(tensor)) in roles and all(
+                    n.name in bounds for n in nodes):
+                calibrated[tensor] = calibrated_scale(bounds[nodes[0].name], self.divided.get(tensor))
+        return calibrated
+
+    def codes(self, weight_bits: int, rounding: CompensatedRounding | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each node's weight codes and column scales: compensated where the rounding has the input's rows."""
+        codes = {}
+        for node in self.chosen:
+            tensor, weight = node.input[0], self.float_weights[node.name]
+            if rounding is not None and rounding.covers(tensor):
+                codes[node.name] = rounding.codes(tensor, weight, self.divided.get(tensor), weight_bits)
+                self.record.compensated += 1
             else:
-                zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
-                floor = gelu_floor(inverse_scales.get(tensor)) if one_sided else None
-                new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph,
-                                           activation_bits, floor))
-            prologue_done.add(tensor)
-        if node.op_type == "Attention":
-            _const(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
-            value_bias = _ValueBias(node, consumers, weights, codes, inverse_scales.get(node.output[0]))
-            new_nodes.extend(_attention(node, quantized, row_scale, *codes[node.name], biases.get(node.name), graph,
-                                        mask, value_bias, one_scale))
-        else:
-            new_nodes.extend(_matmul(node, quantized, row_scale, codes[node.name], zero, graph, consumers, weights,
-                                     bypassed if one_scale else None))
-        record.quantized.append(node.name)
-        record.one_sided += int(one_sided)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    for init in list(graph.initializer):  # the float weights replaced above
-        if init.name in replaced:
-            graph.initializer.remove(init)
-    if not any(o.domain == MS for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS, 1))
-    save_model(model, dst)
-    return record
+                codes[node.name] = quantize_weight(weight, weight_bits)
+        return codes
+
+    def quantize(self, calibrated: dict[str, tuple[float, int]], codes: dict[str, tuple[np.ndarray, np.ndarray]],
+                 activation_bits: int) -> None:
+        """Every chosen node replaced by its input's prologue (once per input) and its integer kernel."""
+        graph, record = self.graph, self.record
+        # A GELU output is bounded below: its codes spend GELU_ZERO on [floor, 0) and the other 239 on [0, row max],
+        # nearly twice the resolution of symmetric codes
+        one_sided_inputs = {tensor for tensor in self.by_input
+                            if input_role(tensor, self.producers.get(tensor)) == "gelu"}
+        bypassed: set[str] = set()  # bias Adds taken into a MatMul's kernel
+        new_nodes: list[onnx.NodeProto] = []
+        zero_points = _ZeroPoints(graph, new_nodes)
+        # below ONNX's Attention (a graph the converter cannot lift): MultiHeadAttention
+        mask = _AttentionMask(graph, new_nodes) if self.opset >= ATTENTION_OPSET else None
+        ranks = shared_leading(self.inferred, graph.input[0].name)
+        prologue_done: set[str] = set()
+        for node in graph.node:
+            if node.name in bypassed:
+                continue
+            if node.name not in self.chosen_names:
+                new_nodes.append(node)
+                continue
+            tensor = node.input[0]
+            quantized, row_scale = f"{tensor}/q", f"{tensor}/row_scale"
+            one_sided = tensor in one_sided_inputs
+            zero = GELU_ZERO if one_sided else activation_levels(activation_bits)[1]
+            one_scale = tensor in calibrated
+            if one_scale:
+                row_scale, zero = f"{tensor}/calibrated_scale", calibrated[tensor][1]
+            if tensor not in prologue_done:
+                source = tensor
+                if tensor in self.smoothed_input:
+                    smoothed = self.smoothed_input[tensor]
+                    new_nodes.append(helper.make_node("Mul", [source, f"{smoothed}/inverse"], [smoothed],
+                                                      name=f"{smoothed}/Mul"))
+                    source = smoothed
+                rows = self.float_weights[node.name].shape[0]
+                if one_scale:
+                    _const(graph, row_scale, np.array(calibrated[tensor][0], np.float32))
+                    new_nodes.append(helper.make_node("QuantizeLinear", [source, row_scale, _const(
+                        graph, f"{tensor}/calibrated_zero", np.array(zero, np.uint8))], [quantized],
+                        name=f"{tensor}/q/QuantizeLinear"))
+                    record.calibrated += 1
+                else:
+                    zero_point = zero_points.get(ranks[tensor], zero) if tensor in ranks else None
+                    floor = gelu_floor(self.inverse_scales.get(tensor)) if one_sided else None
+                    new_nodes.extend(_prologue(source, quantized, row_scale, zero_point, zero, rows, graph,
+                                               activation_bits, floor))
+                prologue_done.add(tensor)
+            if node.op_type == "Attention":
+                _const(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
+                value_bias = _ValueBias(node, self.consumers, self.weights, codes,
+                                        self.inverse_scales.get(node.output[0]))
+                new_nodes.extend(_attention(node, quantized, row_scale, *codes[node.name], self.biases.get(node.name),
+                                            graph, mask, value_bias, one_scale))
+            else:
+                new_nodes.extend(_matmul(node, quantized, row_scale, codes[node.name], zero, graph, self.consumers,
+                                         self.weights, bypassed if one_scale else None))
+            record.quantized.append(node.name)
+            record.one_sided += int(one_sided)
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+
+    def save(self, dst: Path) -> None:
+        for init in list(self.graph.initializer):  # the float weights replaced above
+            if init.name in self.replaced:
+                self.graph.initializer.remove(init)
+        if not any(o.domain == MS for o in self.model.opset_import):
+            self.model.opset_import.append(helper.make_opsetid(MS, 1))
+        save_model(self.model, dst)
 
 
 def calibrated_scale(bounds: Bounds, divided: np.ndarray | None) -> tuple[float, int]:

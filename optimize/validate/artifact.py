@@ -5,8 +5,9 @@ from pathlib import Path
 
 from infinity.manifest import Manifest
 from infinity.model import LoadedModel
-from optimize.source import RERANKER_FIELDS, load_source
-from optimize.validate.heldout import heldout_inputs
+from optimize.source import load_source
+from optimize.tasks import task_for
+from optimize.tasks.ranking import RERANKER_FIELDS
 from optimize.validate.reference import torch_reference
 from optimize.validate.served import CPU, ServedParity, provider, served_parity, target_providers
 
@@ -31,5 +32,5 @@ def validate_artifact(artifact: Path | str, model: str | None = None, threads: i
     source = load_source(model or served.manifest.source.model, task, served.manifest.task.pooling,
                          trust_remote_code=served.manifest.source.trust_remote_code,
                          reranker={name: getattr(reranker, name) for name in RERANKER_FIELDS} if reranker else None)
-    inputs = heldout_inputs(task)
+    inputs = task_for(task).heldout()
     return served_parity(served, inputs, torch_reference(source, inputs), served.manifest.parity.thresholds)

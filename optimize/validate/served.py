@@ -20,18 +20,18 @@ from infinity.manifest import Manifest
 from infinity.model import LoadedModel, artifact_tokenizer
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
-from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import l2_normalize
-from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
 from infinity.tokenization import Encoded, TextInput, TextTokenizer
+from optimize.agreement import Outputs, ParityResult
 from optimize.onnxio import external_files
-from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
-from optimize.validate.reference import HybridAnswer, ranking_group_sizes
+from optimize.tasks import task_for
+from optimize.tasks.hybrid_embedding import HybridAnswer
+from optimize.tasks.multi_vector import DOCUMENT
+from optimize.validate.parity import batch_invariance, compare, worst
 
-Outputs = list[Any]
 SHUFFLE_SEED = 7
 DEFAULTS = Settings()  # frozen: the server's defaults, shared
 CANDIDATE = ".candidate.onnx"
@@ -40,7 +40,6 @@ CANDIDATE = ".candidate.onnx"
 # held-out texts: 84,480 padded tokens for 16,787 real ones and 88 s, against 43,358 and 41 s at this bound).
 PADDING_BOUND = 3
 CPU = "CPUExecutionProvider"
-DOCUMENT = "document"  # the role a multi-vector model's parity is measured in: what a request gets by default
 
 
 @dataclass
@@ -105,25 +104,8 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-    """The numbers parity compares, from one row of a served batch, with the defaults a task's answer applies
-    (normalization, the score activation, a document's tokens); token labels: the probabilities its entities are
-    grouped from."""
-    task, facts = model.manifest.source.task, model.manifest.task
-    if task == "feature-extraction":
-        return (l2_normalize(row) if facts.normalize else row).astype(np.float32)
-    if task == "token-classification":
-        return row[:len(item)].astype(np.float32)
-    if task == "sparse-embedding":
-        return row.astype(np.float32)
-    if isinstance(model.task, MultiVectorEmbedding):
-        return model.task.vectors(row[None], [item], DOCUMENT)[0]
-    if isinstance(model.task, HybridEmbedding):
-        rows, sparse = row[None], model.task.sparse_answers(row[None], [item])[0]
-        return HybridAnswer(model.task.embed(rows, facts.normalize)[0],
-                            np.asarray([[e["index"] for e in sparse], [e["value"] for e in sparse]], np.float64),
-                            model.task.token_answers(rows, [item])[0])
-    default = "sigmoid" if task == "ranking" else "softmax"
-    return activate(row, facts.score_activation or default).astype(np.float32)
+    """The numbers parity compares, from one row of a served batch, as the model's task reads them."""
+    return task_for(model.manifest.source.task).served_values(model, row, item)
 
 
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
@@ -205,11 +187,10 @@ def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Output
                   settings: Settings = DEFAULTS, alone: bool = True) -> ServedParity:
     """`alone` False (for a graph whose answers cannot depend on their batch, while it is searched for): batched
     only, in batches of like lengths, a fraction of the time; the artifact's own check always runs both."""
-    task = model.manifest.source.task
+    task = task_for(model.manifest.source.task)
     outputs = run_served(model, inputs, settings, alone)
-    groups = ranking_group_sizes(inputs) if task == "ranking" else None
-    single = compare(task, reference, outputs.alone, groups, thresholds)
-    batched = compare(task, reference, outputs.batched, groups, thresholds)
+    single = compare(task, reference, outputs.alone, inputs, thresholds)
+    batched = compare(task, reference, outputs.batched, inputs, thresholds)
     invariance = {**batch_invariance(task, outputs.alone, outputs.batched), "largest_batch": float(outputs.batch_rows)}
     return ServedParity(worst(single, batched), {"alone": single.metrics, "batched": batched.metrics}, invariance,
                         provider(model))

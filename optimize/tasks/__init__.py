@@ -1,0 +1,23 @@
+"""The optimizer's tasks, one module each, by name. A new task is one module with an OptimizerTask and its entry
+below (docs/optimizer.md: adding a task)."""
+from __future__ import annotations
+
+from infinity.manifest import TaskName
+from optimize.tasks.base import OptimizerTask
+from optimize.tasks.feature_extraction import FeatureExtraction
+from optimize.tasks.hybrid_embedding import HybridTask
+from optimize.tasks.multi_vector import MultiVectorTask
+from optimize.tasks.ranking import Ranking
+from optimize.tasks.sequence_classification import SequenceClassification, TokenClassification
+from optimize.tasks.sparse_embedding import SparseEmbedding
+
+REGISTRY: dict[TaskName, OptimizerTask] = {task.name: task for task in (
+    FeatureExtraction(), SparseEmbedding(), MultiVectorTask(), HybridTask(), SequenceClassification(),
+    TokenClassification(), Ranking())}
+
+
+def task_for(name: str) -> OptimizerTask:
+    try:
+        return REGISTRY[TaskName(name)]
+    except ValueError:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(map(str, TaskName))}") from None
