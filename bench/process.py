@@ -31,14 +31,14 @@ class Server:
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         preexec_fn=pin)
 
-    def wait_ready(self, seconds: float = 120) -> None:
+    def wait_ready(self, seconds: float = 120, path: str = "/health/ready") -> None:
         import urllib.request
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server on port {self.port} exited with {self.process.returncode}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
