@@ -59,6 +59,20 @@ def test_every_family_builds_int8_under_every_cpu_target(family, target, family_
 
 
 @pytest.mark.slow
+def test_deberta_keeps_its_relative_position_projections_float_and_passes_parity_on_every_recipe(family_artifact):
+    """DeBERTa projects its relative position embeddings through their own query and key weights: the same numbers
+    for every request, computed from weights alone, so they stay float (and cost nothing per token); the tokens'
+    six projections per layer are INT8, and the held-out parity passes on the 7-bit recipe as on the 8-bit one."""
+    for target in RECIPES:
+        _, artifact = family_artifact("deberta-v2-own-position-projections", "feature-extraction", "int8", target)
+        manifest = Manifest.load(artifact)
+        assert manifest.optimization.quantization.candidates == 6 * 2  # Q, K, V, output, FFN in and out; 2 layers
+        graph = onnx.load(str(artifact / manifest.model.file), load_external_data=False).graph
+        positions = [node for node in graph.node if node.op_type == "MatMul" and "pos_" in node.name]
+        assert positions and manifest.parity.passed, (target, manifest.parity.metrics)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "deberta-v2-own-position-projections"])
 def test_recorded_parity_is_what_serving_here_gives(family, family_artifact):
     """The manifest's held-out parity, measured again as the server answers on this host: per-token answers do not

@@ -76,20 +76,38 @@ def per_token_candidates(model_path: Path) -> list[str]:
 
 
 def rewritable(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The MatMuls (and Attentions) with a constant weight that only such nodes read: one read by another operator
-    too (an embedding table a Gather reads) cannot be rewritten for one of its readers. A weight several of them
-    read (DeBERTa's query and key projections, applied to the tokens and to the relative positions) is copied for
-    each reader by quantize_per_token."""
-    weights = {init.name: init for init in graph.initializer}
+    """The MatMuls (and Attentions) with a constant weight that only such nodes read, and an input that depends on
+    the request: one computed from weights alone (DeBERTa's relative position projections) is the same for every
+    request, costs nothing per token, and stays float. A weight another operator reads too (an embedding table a
+    Gather reads) cannot be rewritten for one of its readers; one several of these read (DeBERTa's query and key
+    projections, applied to the tokens and to the relative positions) is copied for each by unshare_weights."""
     consumers = _consumers(graph)
-    candidates = [n for n in graph.node if _weight(n, weights) is not None]
-    names = {n.name for n in candidates}
-    return [n for n in candidates if all(c.name in names and c.input[1] == n.input[1] for c in consumers[n.input[1]])]
+    matmuls = weight_readers(graph)
+    names = {n.name for n in matmuls}
+    varying = _varying(graph)
+    return [n for n in matmuls if n.input[0] in varying and all(
+        c.name in names and c.input[1] == n.input[1] for c in consumers[n.input[1]])]
+
+
+def weight_readers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The MatMuls (and Attentions) that multiply by a constant weight."""
+    weights = {init.name: init for init in graph.initializer}
+    return [n for n in graph.node if _weight(n, weights) is not None]
+
+
+def _varying(graph: onnx.GraphProto) -> set[str]:
+    """The tensors computed from the graph's inputs (in a graph's topological order), not from weights alone."""
+    constants = {init.name for init in graph.initializer}
+    varying = {value.name for value in graph.input if value.name not in constants}
+    for node in graph.node:
+        if any(name in varying for name in node.input):
+            varying.update(node.output)
+    return varying
 
 
 def unshare_weights(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     """Each of `nodes` past the first to read a weight reads a copy of its own: every reader is smoothed by its own
-    input's ranges and quantized apart."""
+    input's ranges and quantized apart, or stays float while another is quantized."""
     weights = {init.name: init for init in graph.initializer}
     seen: set[str] = set()
     for node in nodes:
@@ -167,7 +185,7 @@ class _Rewrite:
         self.model = _at_opset(onnx.load(str(src)))
         self.inferred = _shapes_of(src, self.model)
         graph = self.graph = self.model.graph
-        unshare_weights(graph, rewritable(graph))
+        unshare_weights(graph, weight_readers(graph))
         self.opset = next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))
         self.weights = {init.name: init for init in graph.initializer}
         self.producers = {out: node for node in graph.node for out in node.output}
