@@ -1,4 +1,5 @@
-"""Every error the server answers: its type, the one status table, and the exceptions that carry them."""
+"""Every error the server answers: its type, the one status table, and the exceptions that carry them; and the
+one error that keeps it from starting."""
 from __future__ import annotations
 
 from enum import Enum
@@ -91,3 +92,7 @@ class TimedOut(InfinityError):
 
 class BackendError(InfinityError):
     error_type = ErrorType.BACKEND
+
+
+class StartupError(Exception):
+    """The server must not start; the message is the one line the operator sees."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import onnxruntime
 
 from infinity.engine import EngineError
+from infinity.errors import StartupError
 from infinity.hostinfo import missing_cpu_flags
 from infinity.manifest import Manifest, ManifestError, verify_checksums
 from infinity.model import LoadedModel
@@ -14,10 +15,6 @@ from infinity.settings import Settings
 from infinity.tokenization import Encoded, pad_batch
 
 log = logging.getLogger("infinity.preflight")
-
-
-class StartupError(Exception):
-    """The server must not start; the message is the one line the operator sees."""
 
 
 def check(directory: Path, settings: Settings) -> Manifest:

@@ -646,7 +646,7 @@ def test_an_absent_collector_costs_the_requests_nothing_and_stops_nothing(monkey
 
 
 def test_a_variable_that_is_not_a_number_stops_the_start_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infinity.preflight import StartupError
+    from infinity.errors import StartupError
     from infinity.tracing import Tracing
 
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "5s")

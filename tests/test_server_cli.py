@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from infinity.cli import build_parser, main, settings_from
-from infinity.preflight import StartupError, check, open_checked
+from infinity.errors import StartupError
+from infinity.preflight import check, open_checked
 from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
