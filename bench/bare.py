@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import uvloop
 
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 READY = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 FAILED = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

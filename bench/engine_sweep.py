@@ -15,7 +15,7 @@ import orjson
 
 from bench.stats import summarize
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def measure(model: LoadedModel, text: str, batch: int, seconds: float, max_calls: int) -> dict[str, float]:

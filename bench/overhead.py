@@ -20,7 +20,7 @@ import httpx
 from bench.loadgen import closed_loop
 from bench.process import free_port
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def compare(port: int, model: LoadedModel, text: str, requests: int, block: int = 25) -> dict[str, float]:

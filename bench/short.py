@@ -26,7 +26,7 @@ from bench.loadgen import closed_loop
 from bench.process import Server, free_port
 from bench.stats import summarize
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def in_process(model: LoadedModel, texts: list[str], seconds: float, max_calls: int) -> list[float]:

@@ -20,9 +20,9 @@ from infinity.api.hf import HF
 from infinity.api.ops import served_name, version
 from infinity.auth import ApiKeys
 from infinity.core import Core
+from infinity.engine.service import Service
 from infinity.errors import ErrorType
 from infinity.observe import Observed
-from infinity.service import Service
 
 log = logging.getLogger("infinity.app")
 

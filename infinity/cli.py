@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity import logs
+from infinity.engine.hostinfo import physical_cores
+from infinity.engine.preflight import check, open_checked
 from infinity.errors import StartupError
-from infinity.hostinfo import physical_cores
-from infinity.preflight import check, open_checked
 from infinity.settings import Settings
 
 ENV_PREFIX = "INFINITY_"

@@ -14,13 +14,13 @@ from infinity import api
 from infinity.api.endpoint import Endpoint, Family, closed, failure, respond
 from infinity.api.hf import HF
 from infinity.auth import matches, presented_key
+from infinity.engine.model import LoadedModel
+from infinity.engine.service import Permit, Service
 from infinity.errors import ErrorType, InfinityError
 from infinity.http.heads import canned, header
 from infinity.http.lane import Lane
 from infinity.http.protocol import Gate
-from infinity.model import LoadedModel
 from infinity.observe import Observers
-from infinity.service import Permit, Service
 from infinity.settings import Settings
 
 log = logging.getLogger("infinity.core")

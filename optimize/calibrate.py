@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from infinity.tokenization import TextInput, TextTokenizer, pad_batch
+from infinity.engine.tokenization import TextInput, TextTokenizer, pad_batch
 from optimize.onnxio import session_source
 from optimize.validate.probes import for_task
 

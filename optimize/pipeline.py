@@ -11,7 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.model import artifact_tokenizer
+from infinity.engine.tokenization import TextInput
 from infinity.manifest import (
     Manifest,
     Optimization,
@@ -23,8 +25,6 @@ from infinity.manifest import (
     sha256_file,
     write_atomically,
 )
-from infinity.model import artifact_tokenizer
-from infinity.tokenization import TextInput
 from optimize import package
 from optimize.calibrate import Feeder, calibration_inputs
 from optimize.export import export_onnx

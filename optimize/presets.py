@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity.hostinfo import cpu_flags
+from infinity.engine.hostinfo import cpu_flags
 from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
 
 PRECISIONS = ("int8", "fp32", "fp16")

@@ -26,7 +26,7 @@ def test_percentiles_are_nearest_rank():
 
 @pytest.mark.parametrize("tokens", [8, 128, 256])
 def test_texts_have_exactly_the_requested_number_of_tokens(minilm_fp32_artifact: Path, tokens: int):
-    from infinity.tokenization import TextTokenizer
+    from infinity.engine.tokenization import TextTokenizer
 
     path = minilm_fp32_artifact / "tokenizer.json"
     text = text_with_tokens(str(path), tokens)
@@ -66,7 +66,7 @@ def test_short_request_figures_come_from_one_alternating_run(minilm_fp32_artifac
 
     from bench.loadgen import Connection
     from bench.short import servers, short_requests, table
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
     model = LoadedModel.load(minilm_fp32_artifact, threads=1)
     with servers(minilm_fp32_artifact, 1) as (port, bare_port):

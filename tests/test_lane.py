@@ -17,13 +17,13 @@ import pytest
 
 from infinity.app import create_app
 from infinity.core import Core
+from infinity.engine.model import LoadedModel
 from infinity.http.connection import Shared
 from infinity.http.heads import declared_body
 from infinity.http.lane import LaneConnection
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import WAIT, Reader, Server, metric, running, until
 

@@ -15,10 +15,10 @@ import jsonschema
 import numpy as np
 import pytest
 
+from infinity.engine.model import LoadedModel
+from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from infinity.tasks.multi_vector import expanded
-from infinity.tokenization import Encoded, pad_batch
 from optimize.source import load_source
 from tests.servers import Server, running
 

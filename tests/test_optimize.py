@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest, sha256_file, verify_checksums
-from infinity.model import LoadedModel
 
 QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
                  "DynamicQuantizeLinear"}

@@ -221,7 +221,7 @@ def test_qwen3_with_a_prompt_over_http_matches_sentence_transformers(qwen3_serve
 
 
 def test_a_decoder_embedding_model_quantizes_to_int8_within_parity(artifacts: Any) -> None:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
     int8 = LoadedModel.load(artifacts.artifact("feature-extraction", "int8", model="qwen3-tiny"), threads=1)
     assert int8.manifest.parity.passed and int8.manifest.model.precision == "int8"

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from optimize.calibrate import calibration_inputs
 from optimize.validate.heldout import heldout_inputs

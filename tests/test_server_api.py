@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from infinity.app import create_app
 from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Berlin is the capital of Germany.",
@@ -165,7 +165,7 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
 
 def test_small_and_large_requests_take_their_own_paths_to_the_same_answer(embeddings: TestClient,
                                                                           minilm_fp32_artifact: Path) -> None:
-    from infinity.service import INLINE_CHARS
+    from infinity.engine.service import INLINE_CHARS
 
     model = LoadedModel.load(minilm_fp32_artifact, threads=1)
     small, large = TEXTS[:2], [LONG] * 4  # tokenized on the event loop / in the worker pool

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from infinity.cli import build_parser, main, settings_from
+from infinity.engine.preflight import check, open_checked
 from infinity.errors import StartupError
-from infinity.preflight import check, open_checked
 from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,11 +178,12 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import infinity.app, infinity.cli, infinity.service, infinity.batcher, infinity.preflight, infinity.openapi
+import infinity.app, infinity.cli, infinity.openapi
+import infinity.engine.service, infinity.engine.batcher, infinity.engine.preflight
 from starlette.testclient import TestClient
 from infinity.app import create_app
 from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 
 for artifact, inputs in zip(sys.argv[1::2], sys.argv[2::2]):

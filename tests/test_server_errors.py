@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from infinity.app import LastResort, create_app
 from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import until
 
@@ -193,7 +193,7 @@ def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: Lo
 
 def test_lone_small_requests_run_on_the_event_loop_and_overlapping_ones_on_the_engine_thread(
         model: LoadedModel, session: ControlledSession) -> None:
-    from infinity.service import LONE_S
+    from infinity.engine.service import LONE_S
 
     model.engine.session = session
     long_text = "word " * 80  # over the default 64 padded tokens
@@ -311,8 +311,8 @@ def test_anything_unexpected_becomes_a_json_500_and_the_app_keeps_serving() -> N
 
 
 def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
+    from infinity.engine.service import Service
     from infinity.errors import NotReady
-    from infinity.service import Service
 
     async def main() -> None:
         with pytest.raises(NotReady) as caught:
@@ -347,8 +347,8 @@ def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedM
 
 
 def test_an_engine_error_names_no_graph_nodes(model: LoadedModel) -> None:
-    from infinity.engine import EngineError
-    from infinity.tokenization import Batch
+    from infinity.engine.session import EngineError
+    from infinity.engine.tokenization import Batch
 
     ids = np.array([[101, 10 ** 6, 102]], dtype=np.int64)  # past the vocabulary: onnxruntime refuses it
     with pytest.raises(EngineError) as caught:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from infinity.engine.model import LoadedModel
 from infinity.errors import ValidationError
-from infinity.model import LoadedModel
 
 TEXTS = [
     "Hugging Face Inc. is a company based in New York City. Its headquarters are in DUMBO, "

@@ -5,8 +5,8 @@ import time
 
 from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
 from infinity.api.endpoint import Endpoint, not_served
+from infinity.engine.model import LoadedModel
 from infinity.errors import StartupError
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction

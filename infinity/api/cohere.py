@@ -7,8 +7,8 @@ from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
 from infinity.api.hf import truncated
+from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.ranking import Ranking

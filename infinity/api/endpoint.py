@@ -15,9 +15,9 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
+from infinity.engine.service import INLINE_CHARS, Permit, Result, Service
 from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, ValidationError
 from infinity.schema import Schema
-from infinity.service import INLINE_CHARS, Permit, Result, Service
 from infinity.tasks import Request
 
 log = logging.getLogger("infinity.api")

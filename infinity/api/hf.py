@@ -5,8 +5,8 @@ from collections.abc import Callable
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
+from infinity.engine.service import Result
 from infinity.schema import Boolean, Choice, Object, Schema
-from infinity.service import Result
 from infinity.tasks import Request, Task
 from infinity.tasks.base import DIRECTIONS
 

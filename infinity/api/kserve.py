@@ -19,9 +19,9 @@ from starlette.responses import Response
 from infinity.api import hf
 from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
 from infinity.api.ops import version
+from infinity.engine.service import Result
 from infinity.errors import ErrorType, ValidationError
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
-from infinity.service import Result
 from infinity.tasks import Request, Task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import FeatureExtraction

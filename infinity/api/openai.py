@@ -10,9 +10,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
+from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.feature_extraction import FeatureExtraction
 

@@ -6,8 +6,9 @@ from typing import Any
 
 from infinity.api.endpoint import Endpoint, Render
 from infinity.api.hf import ERRORS, HF, truncated, truncation
+from infinity.engine.service import Result
+from infinity.engine.tokenization import TextInput, TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
@@ -15,7 +16,6 @@ from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding
-from infinity.tokenization import TextInput, TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF

@@ -10,9 +10,9 @@ from typing import Any
 
 from infinity.api import hf, ops
 from infinity.api.endpoint import Endpoint, Render
+from infinity.engine.service import Result
 from infinity.errors import PayloadTooLarge
 from infinity.schema import Array, Object
-from infinity.service import Result
 from infinity.tasks import Request, Task
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Manifest
 from infinity.schema import Array, OneOf, Schema, Text
-from infinity.tokenization import Encoded, TextInput
 
 DIRECTIONS = ("right", "left")
 

@@ -5,12 +5,12 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
 from infinity.tasks.base import Parsed, Request
 from infinity.tasks.prompts import PromptedTask
-from infinity.tokenization import Encoded
 
 
 def pool(hidden: np.ndarray, attention_mask: np.ndarray, pooling: str) -> np.ndarray:

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import Hybrid, Manifest
 from infinity.schema import Array, Choice, Schema
 from infinity.tasks.base import Parsed, texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.sparse_embedding import SparseEmbedding, SparseVector, selection, sparse_vector
-from infinity.tokenization import Encoded
 
 HEADS = ("dense", "sparse", "colbert")
 

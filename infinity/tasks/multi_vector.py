@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import ROLES, Manifest, MultiVector, QueryExpansion
 from infinity.schema import Choice, Schema
 from infinity.tasks.base import Parsed, Request, Task, texts_schema
-from infinity.tokenization import Encoded, TextInput
 
 
 def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:

@@ -4,9 +4,9 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task, activate
-from infinity.tokenization import Encoded, TextInput
 
 
 class Ranking(Task):

@@ -4,9 +4,9 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task, activate
-from infinity.tokenization import Encoded, TextInput
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 PAIR = Object({"text": Text(), "text_pair": Text()}, required=("text",), description="a text, or a text pair")

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import SPLADE_MAX_LOGITS, Manifest
 from infinity.schema import Integer, Number, Schema
 from infinity.tasks.base import Parsed, Request, texts_schema
 from infinity.tasks.prompts import PromptedTask
-from infinity.tokenization import Encoded
 
 SparseVector = list[dict[str, Any]]  # [{"index": vocabulary id, "value": weight}, ...] in index order
 

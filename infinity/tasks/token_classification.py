@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import Manifest
 from infinity.schema import Array, Choice, Schema, Text
 from infinity.tasks.base import Parsed, Request, Task, softmax, texts_schema
-from infinity.tokenization import Encoded
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 

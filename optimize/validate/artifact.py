@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from optimize.source import RERANKER_FIELDS, load_source
 from optimize.validate.heldout import heldout_inputs
 from optimize.validate.reference import torch_reference

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from infinity.tokenization import TextInput
+from infinity.engine.tokenization import TextInput
 
 SEED = 20261123
 SIZE = 220  # inputs per task (ranking: pairs)

@@ -1,7 +1,7 @@
 """The built-in probe set: texts that stress what quantization and export tend to break."""
 from __future__ import annotations
 
-from infinity.tokenization import TextInput
+from infinity.engine.tokenization import TextInput
 
 SINGLES: tuple[str, ...] = (
     "a",

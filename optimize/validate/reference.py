@@ -5,8 +5,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from infinity.engine.tokenization import TextInput
 from infinity.tasks.base import activate
-from infinity.tokenization import TextInput
 from optimize.source import SourceModel, read_modules
 
 # one answer per input: a vector, a probability row, a token x label matrix, a score; for hybrid-embedding a

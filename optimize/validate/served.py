@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infinity.batcher import overfull
-from infinity.engine import Engine
+from infinity.engine.batcher import overfull
+from infinity.engine.model import LoadedModel, artifact_tokenizer
+from infinity.engine.session import Engine
+from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel, artifact_tokenizer
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.base import activate
@@ -26,7 +27,6 @@ from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
-from infinity.tokenization import Encoded, TextInput, TextTokenizer
 from optimize.onnxio import external_files
 from optimize.validate.parity import ParityResult, batch_invariance, compare, worst
 from optimize.validate.reference import HybridAnswer, ranking_group_sizes

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.batcher import Batcher, BatchReport, Outcome, padded_tokens
+from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens
+from infinity.engine.model import LoadedModel
+from infinity.engine.tokenization import Encoded, InputTooLong
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, ValidationError
 from infinity.metrics import Metrics
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from infinity.tasks import Request
-from infinity.tokenization import Encoded, InputTooLong
 
 log = logging.getLogger("infinity.service")
 

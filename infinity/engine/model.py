@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from infinity.engine import Engine
+from infinity.engine.session import Engine
+from infinity.engine.tokenization import Encoded, TextTokenizer, pad_batch
 from infinity.manifest import Manifest, verify_checksums
 from infinity.schema import Object
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
-from infinity.tokenization import Encoded, TextTokenizer, pad_batch
 
 
 def artifact_tokenizer(directory: Path, manifest: Manifest) -> TextTokenizer:
