@@ -169,8 +169,8 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
 
 def serve(directory: Path, settings: Settings) -> int:
+    from infinity.api.router import Router
     from infinity.app import create_app
-    from infinity.core import Core
     from infinity.http.server import bind, run
 
     threads = settings.threads or physical_cores()
@@ -178,8 +178,8 @@ def serve(directory: Path, settings: Settings) -> int:
     check(directory, settings)
     sock = bind(settings.host, settings.port)
     try:
-        core = Core.build(open_checked(directory, settings, threads), settings)
-        return run(create_app(core), settings, sock, core.gate(), core.lane())
+        router = Router.build(open_checked(directory, settings, threads), settings)
+        return run(create_app(router), settings, sock, router.gate(), router.lane())
     finally:
         sock.close()
 

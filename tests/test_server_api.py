@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from infinity.api.router import Router
 from infinity.app import create_app
-from infinity.core import Core
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 
@@ -20,7 +20,7 @@ LONG = " ".join(["a considerably longer sentence that pads the batch"] * 8)
 
 
 def serve(artifact: Path, **settings: Any) -> TestClient:
-    return TestClient(create_app(Core.build(LoadedModel.load(artifact, threads=1), Settings(**settings))))
+    return TestClient(create_app(Router.build(LoadedModel.load(artifact, threads=1), Settings(**settings))))
 
 
 @pytest.fixture(scope="module")

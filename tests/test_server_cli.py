@@ -182,12 +182,12 @@ import infinity.app, infinity.cli, infinity.openapi
 import infinity.engine.service, infinity.engine.batcher, infinity.engine.preflight
 from starlette.testclient import TestClient
 from infinity.app import create_app
-from infinity.core import Core
+from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 
 for artifact, inputs in zip(sys.argv[1::2], sys.argv[2::2]):
-    with TestClient(create_app(Core.build(LoadedModel.load(artifact), Settings()))) as client:
+    with TestClient(create_app(Router.build(LoadedModel.load(artifact), Settings()))) as client:
         response = client.post("/predict", json={"inputs": inputs})
         assert response.status_code == 200, response.text
         print(response.text)

@@ -1,5 +1,6 @@
-"""The core, built once before the server starts: the service, the routes this artifact serves, and what the
-transport asks of them. The app's handlers and the transport's lane both call into it; nothing is assigned later."""
+"""The router, built once before the server starts: the service, the routes this artifact serves, and what the
+transport (the lane and the socket's gate) asks of them. The app's handlers and the lane both call into it; nothing
+is assigned later."""
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ log = logging.getLogger("infinity.core")
 
 
 @dataclass
-class Core:
+class Router:
     service: Service
     served: list[Endpoint]  # the routes this artifact serves, in the order the OpenAPI document lists them
     routes: list[Endpoint]  # ... and the other tasks' routes, which answer 404 saying why
@@ -35,7 +36,7 @@ class Core:
     observers: Observers  # request ids, request log lines and spans, for every request on either path
 
     @classmethod
-    def build(cls, model: LoadedModel, settings: Settings) -> Core:
+    def build(cls, model: LoadedModel, settings: Settings) -> Router:
         served = api.endpoints(model, settings)
         routes = served + api.elsewhere(served, model.task.name)
         return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys),
