@@ -169,8 +169,8 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
 
 def serve(directory: Path, settings: Settings) -> int:
+    from infinity.api.app import create_app
     from infinity.api.router import Router
-    from infinity.app import create_app
     from infinity.http.server import bind, run
 
     threads = settings.threads or physical_cores()

@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
+from infinity.api.app import create_app
 from infinity.api.router import Router
-from infinity.app import create_app
 from infinity.engine.model import LoadedModel
 from infinity.http.connection import Shared
 from infinity.http.heads import declared_body

@@ -659,7 +659,7 @@ def test_with_tracing_off_no_span_is_made_and_opentelemetry_is_never_imported() 
     from infinity.settings import Settings
 
     assert Observers.from_settings(Settings()).tracing is None
-    imports = ("import sys, infinity.cli, infinity.app, infinity.api; "
+    imports = ("import sys, infinity.cli, infinity.api.app; "
                "print(sorted(m for m in sys.modules if 'opentel' in m))")
     lean = subprocess.run([sys.executable, "-c", imports], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=WAIT)

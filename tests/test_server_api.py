@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from infinity.api.app import create_app
 from infinity.api.router import Router
-from infinity.app import create_app
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 

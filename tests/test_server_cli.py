@@ -178,10 +178,10 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import infinity.app, infinity.cli, infinity.openapi
+import infinity.api.app, infinity.api.openapi, infinity.cli
 import infinity.engine.service, infinity.engine.batcher, infinity.engine.preflight
 from starlette.testclient import TestClient
-from infinity.app import create_app
+from infinity.api.app import create_app
 from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings

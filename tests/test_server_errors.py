@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from infinity.api.app import LastResort, create_app
 from infinity.api.router import Router
-from infinity.app import LastResort, create_app
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import until

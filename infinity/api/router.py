@@ -12,9 +12,9 @@ from typing import Any
 from starlette.responses import Response
 
 from infinity import api
+from infinity.api.auth import matches, presented_key
 from infinity.api.endpoint import Endpoint, Family, closed, failure, respond
 from infinity.api.hf import HF
-from infinity.auth import matches, presented_key
 from infinity.engine.model import LoadedModel
 from infinity.engine.service import Permit, Service
 from infinity.errors import ErrorType, InfinityError

@@ -14,12 +14,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity import openapi
+from infinity.api import openapi
+from infinity.api.auth import ApiKeys
 from infinity.api.endpoint import Endpoint, Family, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import served_name, version
 from infinity.api.router import Router
-from infinity.auth import ApiKeys
 from infinity.engine.service import Service
 from infinity.errors import ErrorType
 from infinity.observe import Observed
