@@ -64,5 +64,5 @@ def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     result = []
     for path, family, needs in others:
         if path not in paths:
-            result.append(Endpoint(path, family, "", {}, view=not_served(path, family, needs, task), tasks=(needs,)))
+            result.append(Endpoint(path, family, "", {}, view=not_served(path, family, needs, task)))
     return result

@@ -61,7 +61,7 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
         "id": {"type": "string"}, "results": {"type": "array", "items": item}, "meta": {"type": "object"}}}
     schema = body_schema(task, limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
-                     tasks=(Ranking.name,), errors=ERRORS) for path in RERANK]
+                     errors=ERRORS) for path in RERANK]
 
 
 def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
@@ -112,7 +112,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             return request, render
 
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
-                        tasks=(FeatureExtraction.name,), errors=ERRORS)
+                        errors=ERRORS)
 
     vectors = {"type": "array", "items": task.vector_doc()}
     answer_doc = {"type": "object", "required": ["id", "embeddings"], "properties": {

@@ -93,7 +93,6 @@ class Endpoint:
     prepare: Prepare | None = None  # ... and what turns a checked body into a core request and its answer
     view: View | None = None  # other routes (health, info, metrics): a plain handler
     method: str = "POST"
-    tasks: tuple[str, ...] | None = None  # served only for these tasks; None: every task
     protected: bool = True  # needs an API key when the server has keys
     errors: dict[int, str] = field(default_factory=dict)  # documented error statuses
     media_type: str = "application/json"  # of a 200 answer

@@ -102,7 +102,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) 
                                                    "total_tokens": {"type": "integer"}}}}}
     schema = body_schema(task, limit, vocabulary)
     return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
-                     tasks=(FeatureExtraction.name,), errors=ERRORS) for path in EMBEDDINGS]
+                     errors=ERRORS) for path in EMBEDDINGS]
 
 
 def models(name: str, started: int, protected: bool) -> Endpoint:

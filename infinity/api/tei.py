@@ -43,7 +43,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
         return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
-                    prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+                    prepare=prepare, errors=ERRORS)
 
 
 def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> Endpoint:
@@ -63,8 +63,7 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
         return request, render
 
     return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
-                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, tasks=(task.name,),
-                    errors=ERRORS)
+                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, errors=ERRORS)
 
 
 def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
@@ -80,8 +79,7 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
         return truncated(task.request(listed(body["inputs"]), role), body), render
 
     return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
-                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare,
-                    tasks=(MultiVectorEmbedding.name,), errors=ERRORS)
+                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS)
 
 
 def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
@@ -98,7 +96,7 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,
-                    tasks=(task.name,), errors=ERRORS)
+                    errors=ERRORS)
 
 
 def rerank(task: Ranking, limit: int) -> Endpoint:
@@ -113,7 +111,7 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
         return truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body), render
 
     return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
-                    prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)
+                    prepare=prepare, errors=ERRORS)
 
 
 def tokenize(tokenizer: TextTokenizer, limit: int) -> Endpoint:
@@ -158,5 +156,4 @@ def decode(tokenizer: TextTokenizer, limit: int) -> Endpoint:
         return None, lambda _: tokenizer.decode(ids, body["skip_special_tokens"])
 
     answer = {"type": "array", "items": {"type": "string"}}
-    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare,
-                    errors=ERRORS)
+    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)
