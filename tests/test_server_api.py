@@ -13,6 +13,7 @@ from infinity.api.app import create_app
 from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
+from tests.inprocess import predict
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Berlin is the capital of Germany.",
          "I loved this film, the acting was superb!", "Terrible service; I will never come back."]
@@ -153,12 +154,12 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
                  'infinity_requests_total{route="/predict",status="200"} 1',
                  "process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
         assert name in metrics.text
-    predict = spec["paths"]["/predict"]["post"]
-    request = predict["requestBody"]["content"]["application/json"]["schema"]
+    operation = spec["paths"]["/predict"]["post"]
+    request = operation["requestBody"]["content"]["application/json"]["schema"]
     assert set(request["properties"]["parameters"]["properties"]) == {
         "aggregation_strategy", "ignore_labels", "truncate", "truncation_direction"}
     assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 8  # the server's own cap
-    assert "x-compute-time" in predict["responses"]["200"]["headers"]
+    assert "x-compute-time" in operation["responses"]["200"]["headers"]
     # routes of other tasks are not described: they answer 404
     assert "/v1/embeddings" not in spec["paths"] and "/v1/rerank" not in spec["paths"]
 
@@ -172,4 +173,4 @@ def test_small_and_large_requests_take_their_own_paths_to_the_same_answer(embedd
     assert sum(map(len, small)) <= INLINE_CHARS < sum(map(len, large))
     for texts in (small, large):
         response = embeddings.post("/predict", json={"inputs": texts})
-        np.testing.assert_allclose(np.array(response.json()), model.predict(texts), atol=1e-5)
+        np.testing.assert_allclose(np.array(response.json()), predict(model, texts), atol=1e-5)
