@@ -74,6 +74,21 @@ class EmptyInput(InfinityError):
     error_type = ErrorType.EMPTY
 
 
+class TooLong(ValidationError):
+    """An input longer than the model takes, where it is not to be cut. `cuttable`: texts, which the route's own
+    truncation switch would cut (token ids run as given); the API layer names that switch (advising)."""
+
+    def __init__(self, message: str, cuttable: bool) -> None:
+        super().__init__(message)
+        self.cuttable = cuttable
+
+    def advising(self, switch: str) -> ValidationError:
+        """The error in a route's words: `switch` is the body field that turns its truncation on ("" for none)."""
+        if not switch or not self.cuttable:
+            return self
+        return ValidationError(f"{self.message} or set {switch}")
+
+
 class PayloadTooLarge(InfinityError):
     error_type = ErrorType.PAYLOAD_TOO_LARGE
 

@@ -81,7 +81,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
         "embedding_types": Array(types, description="v2 answers float without it; v1 answers a plain float list"),
         "truncate": Choice(tuple(TRUNCATE), default="END", case_insensitive=True,
                            description="NONE answers 422 for inputs past the model's maximum length"),
-        "output_dimension": task.parameters()["dimensions"],
+        "output_dimension": task.dimensions_field(),
         "max_tokens": Integer(minimum=1, description="accepted and ignored: inputs are cut at the model's maximum "
                                                      "length"),
     }, required=("texts",))
@@ -96,7 +96,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             kinds = list(dict.fromkeys(kinds or ["float"]))
             normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
             task.check_precision(kinds)
-            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]], '"truncate": "END"')
+            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]])
             request = task.prompted(request, prompt_for(task, body.get("input_type")))
 
             def render(result: Result) -> Any:
@@ -112,7 +112,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             return request, render
 
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
-                        errors=ERRORS)
+                        errors=ERRORS, truncation_switch='"truncate": "END"')
 
     vectors = {"type": "array", "items": task.vector_doc()}
     answer_doc = {"type": "object", "required": ["id", "embeddings"], "properties": {

@@ -54,7 +54,7 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
         "encoding_format": Choice(("float", "base64"), default="float",
                                   description="base64: little-endian float32 bytes (at another precision, "
                                               "each integer as a float32)"),
-        "dimensions": task.parameters()["dimensions"],
+        "dimensions": task.dimensions_field(),
         "user": Text(allow_blank=True, description="accepted and ignored"),
         # not OpenAI's: the python client sends these with extra_body
         "precision": task.precision_field(),
