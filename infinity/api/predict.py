@@ -34,6 +34,11 @@ def texts_schema(limit: int) -> Schema:
     return OneOf((Text(), Array(Text(), max_items=limit)), "a string or a list of strings")
 
 
+def one_or_many(answer: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a single input's answer, or of a list of them."""
+    return {"oneOf": [answer, {"type": "array", "items": answer, "minItems": 1}]}
+
+
 class Predict(Generic[T]):
     """One task's /predict."""
     # body fields beside "parameters" that TEI and huggingface_hub send at the top level of /predict
@@ -46,7 +51,7 @@ class Predict(Generic[T]):
 
     def inputs(self, limit: int) -> Schema:
         """The schema of `inputs`, at most `limit` of them per request."""
-        raise NotImplementedError
+        return texts_schema(limit)
 
     def parameters(self) -> dict[str, Schema]:
         """The task's own `parameters` (truncation is common to all and added by the route)."""
@@ -117,7 +122,7 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
     top_level = (*FeatureExtractionPredict.top_level, "outputs", "top_k", "threshold")
 
     def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
+        return texts_schema(limit)  # no sentence-similarity
 
     def parameters(self) -> dict[str, Schema]:
         return {"outputs": Array(Choice(HEADS), max_items=len(HEADS), default=list(HEADS),
@@ -129,7 +134,7 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
         one = {"type": "object", "properties": {"dense": task.vector_doc(), "sparse": SparseEmbedding.vector_doc(),
                                                 "colbert": task.token_doc()},
                "description": "the embeddings `outputs` names"}
-        return {"oneOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+        return one_or_many(one)
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         parsed = super().parse(inputs, params)
@@ -153,15 +158,11 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
 class SparseEmbeddingPredict(Predict[SparseEmbedding]):
     top_level = ("top_k", "threshold", "prompt_name")
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
     def parameters(self) -> dict[str, Schema]:
         return {**self.task.selection(), **self.task.prompt_fields()}
 
     def answer_doc(self) -> dict[str, Any]:
-        vector = self.task.vector_doc()
-        return {"oneOf": [vector, {"type": "array", "items": vector, "minItems": 1}]}
+        return one_or_many(self.task.vector_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
@@ -176,15 +177,11 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
 class MultiVectorPredict(Predict[MultiVectorEmbedding]):
     top_level = ("input_type",)
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
     def parameters(self) -> dict[str, Schema]:
         return {"input_type": self.task.role_field()}
 
     def answer_doc(self) -> dict[str, Any]:
-        matrix = self.task.matrix_doc()
-        return {"oneOf": [matrix, {"type": "array", "items": matrix, "minItems": 1}]}
+        return one_or_many(self.task.matrix_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
@@ -269,9 +266,6 @@ class SequenceClassificationPredict(Predict[SequenceClassification]):
 
 
 class TokenClassificationPredict(Predict[TokenClassification]):
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
     def parameters(self) -> dict[str, Schema]:
         return {"aggregation_strategy": Choice(STRATEGIES, default="simple", case_insensitive=True),
                 "ignore_labels": Array(Text(allow_blank=True), min_items=0, default=["O"])}
