@@ -3,7 +3,7 @@
     python -m bench.bare <artifact> --port N [--threads 2]
 
 One uvloop protocol frames sized POSTs on keep-alive connections, one worker thread runs the in-process
-pipeline (JSON in, `LoadedModel.predict`, JSON out), and the answer goes back with a minimal head. There is
+pipeline (JSON in, `bench.inprocess.predict`, JSON out), and the answer goes back with a minimal head. There is
 no routing, validation, batching, admission, metrics or timing header. Its concurrency-1 p50 over the
 in-process p50 is what loopback, the client waking up and one hand-off to a thread and back cost on this
 host; our server's p50 above it is the cost of everything the server adds.
@@ -19,7 +19,8 @@ from pathlib import Path
 import orjson
 import uvloop
 
-from infinity.model import LoadedModel
+from bench.inprocess import predict
+from infinity.engine.model import LoadedModel
 
 READY = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 FAILED = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -61,7 +62,7 @@ class Bare(asyncio.Protocol):
         future.add_done_callback(lambda done: self._write(FAILED if done.exception() else done.result()))
 
     def _predict(self, body: bytes) -> bytes:
-        answer = orjson.dumps(self.model.predict(orjson.loads(body)["inputs"]), option=orjson.OPT_SERIALIZE_NUMPY)
+        answer = orjson.dumps(predict(self.model, orjson.loads(body)["inputs"]), option=orjson.OPT_SERIALIZE_NUMPY)
         return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
                 + answer)
 
@@ -89,7 +90,7 @@ def main() -> int:
                              "meanwhile (a floor for comparison, not a design)")
     args = parser.parse_args()
     model = LoadedModel.load(args.artifact, threads=args.threads)
-    model.predict("warm up")
+    predict(model, "warm up")
     uvloop.run(serve(model, args.port, args.on_loop))
     return 0
 

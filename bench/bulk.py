@@ -176,7 +176,7 @@ def main() -> None:
     tokens = token_count(args.artifact, texts)
     expected = reference(args.model, texts) if args.model else None
     sample = random.Random(0).sample(range(len(texts)), min(SAMPLE, len(texts)))
-    from infinity.hostinfo import cpu_name
+    from infinity.engine.hostinfo import cpu_name
 
     print(f"# {cpu_name()}: {len(texts)} texts, {tokens} tokens, batches of {args.batch} from {args.clients} "
           f"clients, {args.rounds} rounds", flush=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.recipes import ort_runner, speed_cells, timed_cells
 from bench.run import publish
-from infinity.hostinfo import cpu_name
+from infinity.engine.hostinfo import cpu_name
 from infinity.manifest import Manifest
 
 TASK = "feature-extraction"

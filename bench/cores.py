@@ -353,7 +353,7 @@ def main() -> None:
     vanilla = dict(item.split("=", 1) for item in args.vanilla)
     server_cpus, client_cpus = placement(max(args.cores), args.client_cpus)
     corpus = load_corpus(args.corpus) if args.corpus else []
-    from infinity.hostinfo import cpu_name
+    from infinity.engine.hostinfo import cpu_name
 
     print(f"# {cpu_name()}; servers on CPUs {server_cpus}, load generator on {client_cpus}", flush=True)
     cells: list[Cell] = []

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import orjson
 
+from bench.inprocess import predict
 from bench.stats import summarize
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def measure(model: LoadedModel, text: str, batch: int, seconds: float, max_calls: int) -> dict[str, float]:
     inputs = [text] * batch if batch > 1 else text
     for _ in range(3):
-        model.predict(inputs)
+        predict(model, inputs)
     latencies: list[float] = []
     start = time.perf_counter()
     while len(latencies) < max_calls and time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
-        model.predict(inputs)
+        predict(model, inputs)
         latencies.append((time.perf_counter() - t0) * 1000)
     wall = time.perf_counter() - start
     summary = summarize(latencies, wall, len(latencies))

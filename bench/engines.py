@@ -20,10 +20,10 @@ import numpy as np
 
 from bench.recipes import CELLS, TASK, Runner, minilm, ort_runner, timed_cells
 from bench.run import WORK, publish
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.tokenization import TextTokenizer, pad_batch
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import l2_normalize, pool
-from infinity.tokenization import TextTokenizer, pad_batch
 
 THREADS = 2
 

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.process import Server, free_port
-from infinity.hostinfo import cpu_name
+from infinity.engine.hostinfo import cpu_name
 from infinity.manifest import Manifest
 
 MIB = 2 ** 20

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import httpx
 
+from bench.inprocess import predict
 from bench.loadgen import closed_loop
 from bench.process import free_port
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def compare(port: int, model: LoadedModel, text: str, requests: int, block: int = 25) -> dict[str, float]:
@@ -30,7 +31,7 @@ def compare(port: int, model: LoadedModel, text: str, requests: int, block: int 
     both medians must see the same drift.
     """
     for _ in range(10):
-        model.predict(text)
+        predict(model, text)
     asyncio.run(closed_loop(port, {"inputs": text}, 1, 10, 60))
     local: list[float] = []
     remote: list[float] = []
@@ -40,7 +41,7 @@ def compare(port: int, model: LoadedModel, text: str, requests: int, block: int 
         time.sleep(0.05)
         for _ in range(block):
             start = time.perf_counter()
-            model.predict(text)
+            predict(model, text)
             local.append((time.perf_counter() - start) * 1000)
         time.sleep(0.05)
         result = asyncio.run(closed_loop(port, {"inputs": text}, 1, block, 60))

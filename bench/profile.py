@@ -23,7 +23,7 @@ def profile(model: Path, batch: int, sequence: int, runs: int) -> tuple[dict[str
     """(ms of kernel time per run by operator type, median ms per run)"""
     import onnxruntime as ort
 
-    from infinity.engine import DISABLED_OPTIMIZERS
+    from infinity.engine.session import DISABLED_OPTIMIZERS
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from bench.run import WORK, publish
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
 from optimize.tasks import task_for
@@ -50,7 +50,7 @@ def per_tensor(vnni: bool) -> Any:
 
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
-    from infinity.tokenization import TextTokenizer
+    from infinity.engine.tokenization import TextTokenizer
     from optimize.calibrate import Feeder, activation_bounds
     from optimize.pipeline import OptimizeOptions, optimize
     from optimize.presets import resolve_target

@@ -28,9 +28,9 @@ from bench.overhead import compare
 from bench.process import Server, free_port
 from bench.short import HEADER, servers, short_requests, table
 from bench.texts import text_with_tokens
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Quantization
-from infinity.model import LoadedModel
 
 SEQS = [8, 16, 32, 64, 128, 256, 384, 512]
 # Hugging Face Infinity, DistilBERT-base sequence classifier, 2 physical Ice Lake cores, batch 1.

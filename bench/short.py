@@ -22,11 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.inprocess import predict
 from bench.loadgen import closed_loop
 from bench.process import Server, free_port
 from bench.stats import summarize
 from bench.texts import text_with_tokens
-from infinity.model import LoadedModel
+from infinity.engine.model import LoadedModel
 
 
 def in_process(model: LoadedModel, texts: list[str], seconds: float, max_calls: int) -> list[float]:
@@ -36,7 +37,7 @@ def in_process(model: LoadedModel, texts: list[str], seconds: float, max_calls: 
     deadline = time.perf_counter() + seconds
     while len(latencies) < max_calls and time.perf_counter() < deadline:
         start = time.perf_counter()
-        model.predict(inputs)
+        predict(model, inputs)
         latencies.append((time.perf_counter() - start) * 1000)
     return latencies
 

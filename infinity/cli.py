@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity import logs
-from infinity.hostinfo import physical_cores
-from infinity.preflight import StartupError, check, open_checked
+from infinity.engine.hostinfo import physical_cores
+from infinity.engine.preflight import check, open_checked
+from infinity.errors import StartupError
 from infinity.settings import Settings
 
 ENV_PREFIX = "INFINITY_"
@@ -168,8 +169,8 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
 
 def serve(directory: Path, settings: Settings) -> int:
-    from infinity.app import create_app
-    from infinity.core import Core
+    from infinity.api.app import create_app
+    from infinity.api.router import Router
     from infinity.http.server import bind, run
 
     threads = settings.threads or physical_cores()
@@ -177,8 +178,8 @@ def serve(directory: Path, settings: Settings) -> int:
     check(directory, settings)
     sock = bind(settings.host, settings.port)
     try:
-        core = Core.build(open_checked(directory, settings, threads), settings)
-        return run(create_app(core), settings, sock, core.gate(), core.lane())
+        router = Router.build(open_checked(directory, settings, threads), settings)
+        return run(create_app(router), settings, sock, router.gate(), router.lane())
     finally:
         sock.close()
 

@@ -1,4 +1,5 @@
-"""Every error the server answers: its type, the one status table, and the exceptions that carry them."""
+"""Every error the server answers: its type, the one status table, and the exceptions that carry them; and the
+one error that keeps it from starting."""
 from __future__ import annotations
 
 from enum import Enum
@@ -73,6 +74,21 @@ class EmptyInput(InfinityError):
     error_type = ErrorType.EMPTY
 
 
+class TooLong(ValidationError):
+    """An input longer than the model takes, where it is not to be cut. `cuttable`: texts, which the route's own
+    truncation switch would cut (token ids run as given); the API layer names that switch (advising)."""
+
+    def __init__(self, message: str, cuttable: bool) -> None:
+        super().__init__(message)
+        self.cuttable = cuttable
+
+    def advising(self, switch: str) -> ValidationError:
+        """The error in a route's words: `switch` is the body field that turns its truncation on ("" for none)."""
+        if not switch or not self.cuttable:
+            return self
+        return ValidationError(f"{self.message} or set {switch}")
+
+
 class PayloadTooLarge(InfinityError):
     error_type = ErrorType.PAYLOAD_TOO_LARGE
 
@@ -91,3 +107,7 @@ class TimedOut(InfinityError):
 
 class BackendError(InfinityError):
     error_type = ErrorType.BACKEND
+
+
+class StartupError(Exception):
+    """The server must not start; the message is the one line the operator sees."""

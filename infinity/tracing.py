@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from infinity.preflight import StartupError
+from infinity.errors import StartupError
 
 SPANS_PER_REQUEST = 5  # the request and its four stages
 TRACES_PATH = "/v1/traces"

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from infinity.tokenization import TextInput, TextTokenizer, pad_batch
+from infinity.engine.tokenization import TextInput, TextTokenizer, pad_batch
 from optimize.onnxio import session_source
 
 

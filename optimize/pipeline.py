@@ -11,7 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.model import artifact_tokenizer
+from infinity.engine.tokenization import TextInput, TextTokenizer
 from infinity.manifest import (
     Activations,
     Manifest,
@@ -26,8 +28,6 @@ from infinity.manifest import (
     sha256_file,
     write_atomically,
 )
-from infinity.model import artifact_tokenizer
-from infinity.tokenization import TextInput, TextTokenizer
 from optimize import package
 from optimize.agreement import Outputs, ParityResult
 from optimize.calibrate import Feeder

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infinity.hostinfo import cpu_flags
+from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Activations, Precision, WeightRounding, WeightType
 from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
 

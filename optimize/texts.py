@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Literal
 
-from infinity.tokenization import TextInput
+from infinity.engine.tokenization import TextInput
 
 Kind = Literal["singles", "pairs", "both"]
 

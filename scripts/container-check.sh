@@ -209,7 +209,7 @@ podman image ls "$CPU_IMAGE"
 
 step "CPU image: no torch, no transformers, non-root"
 podman run --rm --network host --no-healthcheck "${ULIMITS[@]}" --entrypoint python "$CPU_IMAGE" -c \
-    "import importlib.util as u, os; found = [m for m in ('torch', 'transformers', 'sentence_transformers') if u.find_spec(m)]; assert not found, found; assert os.getuid() == 10001, os.getuid(); import infinity.app; print('lean, uid', os.getuid())"
+    "import importlib.util as u, os; found = [m for m in ('torch', 'transformers', 'sentence_transformers') if u.find_spec(m)]; assert not found, found; assert os.getuid() == 10001, os.getuid(); import infinity.api.app; print('lean, uid', os.getuid())"
 
 if [ -n "$CPU_ARTIFACT" ]; then
     step "CPU image: serve the mounted artifact, POST /predict"
@@ -240,7 +240,7 @@ if [ -n "$GPU_ARTIFACT" ]; then
 
     step "GPU image: the server imports; onnxruntime-gpu offers the CUDA provider"
     podman run --rm --network host --no-healthcheck "${ULIMITS[@]}" --entrypoint python "$GPU_IMAGE" -c \
-        "import importlib.metadata as m, onnxruntime, infinity.app; print(m.version('onnxruntime-gpu'), onnxruntime.get_available_providers()); assert 'CUDAExecutionProvider' in onnxruntime.get_available_providers()"
+        "import importlib.metadata as m, onnxruntime, infinity.api.app; print(m.version('onnxruntime-gpu'), onnxruntime.get_available_providers()); assert 'CUDAExecutionProvider' in onnxruntime.get_available_providers()"
 
     step "GPU image without a GPU: a cuda artifact is refused with one line"
     port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")

@@ -16,7 +16,7 @@ import onnxruntime
 import orjson
 import pytest
 
-from infinity.hostinfo import cpu_name
+from infinity.engine.hostinfo import cpu_name
 from infinity.manifest import Manifest
 from tests.servers import running
 

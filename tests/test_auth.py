@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from starlette.datastructures import Headers
 
-from infinity.auth import matches, presented_key
+from infinity.api.auth import matches, presented_key
 from infinity.cli import build_parser, settings_from, warn_if_open
-from infinity.preflight import StartupError
+from infinity.errors import StartupError
 from infinity.settings import Settings
 
 

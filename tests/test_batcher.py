@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infinity.batcher import Batcher, BatchReport
+from infinity.engine.batcher import Batcher, BatchReport
+from infinity.engine.tokenization import Encoded
 from infinity.errors import BackendError, NotReady, Overloaded
-from infinity.tokenization import Encoded
 
 WAIT = 30.0  # a hang guard, never a performance expectation
 

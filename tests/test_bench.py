@@ -14,6 +14,7 @@ from bench.process import Server, cpu_list
 from bench.stats import percentile, summarize
 from bench.texts import text_with_tokens
 from bench.vanilla_server import create_app
+from tests.inprocess import predict
 from tests.test_server_process import server  # noqa: F401  (a real server process on a free port)
 
 
@@ -26,7 +27,7 @@ def test_percentiles_are_nearest_rank():
 
 @pytest.mark.parametrize("tokens", [8, 128, 256])
 def test_texts_have_exactly_the_requested_number_of_tokens(minilm_fp32_artifact: Path, tokens: int):
-    from infinity.tokenization import TextTokenizer
+    from infinity.engine.tokenization import TextTokenizer
 
     path = minilm_fp32_artifact / "tokenizer.json"
     text = text_with_tokens(str(path), tokens)
@@ -66,7 +67,7 @@ def test_short_request_figures_come_from_one_alternating_run(minilm_fp32_artifac
 
     from bench.loadgen import Connection
     from bench.short import servers, short_requests, table
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
     model = LoadedModel.load(minilm_fp32_artifact, threads=1)
     with servers(minilm_fp32_artifact, 1) as (port, bare_port):
@@ -80,7 +81,7 @@ def test_short_request_figures_come_from_one_alternating_run(minilm_fp32_artifac
 
         status, body = asyncio.run(ask("what the bare server embeds"))
         assert status == 200
-        assert np.allclose(orjson.loads(body), model.predict("what the bare server embeds"), atol=1e-6)
+        assert np.allclose(orjson.loads(body), predict(model, "what the bare server embeds"), atol=1e-6)
         result = short_requests(port, model, str(minilm_fp32_artifact / "tokenizer.json"), seq=8, rounds=2,
                                 seconds=0.2, bare_port=bare_port)
     assert len(result["rounds"]) == 2

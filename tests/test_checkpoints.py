@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 import pytest
 
-from infinity.hostinfo import cpu_flags
+from infinity.engine.hostinfo import cpu_flags
+from infinity.engine.tokenization import TextTokenizer
 from infinity.manifest import Manifest
-from infinity.tokenization import TextTokenizer
 from optimize.calibrate import Feeder, calibrate
 from optimize.presets import PRESETS, VNNI_FLAGS
 from optimize.quantize.per_token import per_token_candidates, quantize_per_token

@@ -11,6 +11,7 @@ import pytest
 
 from infinity.cli import main
 from infinity.manifest import Manifest, sha256_file, verify_checksums
+from tests.inprocess import predict
 from tests.servers import running
 
 TEXTS = ["This movie was wonderful.", "Terrible service, never again.", "Angela Merkel visited Berlin."]
@@ -85,7 +86,7 @@ def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_ar
     staging = tmp_path / "staging"
     shutil.copytree(artifact, staging)
     model = load_candidate(staging, Manifest.load(staging), graph)
-    scores = [item["score"] for item in model.predict(TEXTS[0])]
+    scores = [item["score"] for item in predict(model, TEXTS[0])]
     assert len(scores) == 3 and abs(sum(scores) - 1) < 1e-5
     assert not (staging / "candidate.onnx.data").exists()  # linked for loading only
 

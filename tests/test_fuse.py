@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from infinity.engine import DISABLED_OPTIMIZERS
+from infinity.engine.session import DISABLED_OPTIMIZERS
 from optimize.fuse import split_skip_layer_norms, written_attention
 from optimize.padding_mask import MASK
 

@@ -15,15 +15,15 @@ import httpx
 import orjson
 import pytest
 
-from infinity.app import create_app
-from infinity.core import Core
+from infinity.api.app import create_app
+from infinity.api.router import Router
+from infinity.engine.model import LoadedModel
 from infinity.http.connection import Shared
 from infinity.http.heads import declared_body
 from infinity.http.lane import LaneConnection
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import WAIT, Reader, Server, metric, running, until
 
@@ -281,13 +281,13 @@ def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact:
     a chunked one does (so the plain one was answered by the lane), with every option off and on."""
     settings = Settings(threads=1, **options)
     auth = b"Authorization: Bearer k\r\n" if options else b""
-    core = Core.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
-    app = create_app(core)
+    router = Router.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
+    app = create_app(router)
     made: list[LaneConnection] = []
 
     async def main() -> tuple[bytes, bytes]:
         async with app.router.lifespan_context(app) as state:
-            http = lane_protocol(protocol_class(limits(settings), core.gate()), core.lane())
+            http = lane_protocol(protocol_class(limits(settings), router.gate()), router.lane())
             shared = Shared(app, keep_alive=5.0, state=dict(state))
 
             def connection() -> LaneConnection:

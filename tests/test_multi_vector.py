@@ -15,11 +15,12 @@ import jsonschema
 import numpy as np
 import pytest
 
+from infinity.engine.model import LoadedModel
+from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from infinity.tasks.multi_vector import expanded
-from infinity.tokenization import Encoded, pad_batch
 from optimize.source import load_source
+from tests.inprocess import predict
 from tests.servers import Server, running
 
 QUERIES = ["what is late interaction?", "ok", "Who wrote 'Hamlet', and when?",
@@ -138,7 +139,7 @@ def test_each_query_expansion_runs_as_the_encoder_runs_it(artifact_for: Any, col
     (artifact / "manifest.json").write_text(json.dumps(manifest))
     model = LoadedModel.load(artifact)
     expected = encoder(colbert_dir, strategy=strategy, attend=attend, length=32).encode_query(QUERIES)
-    served = model.predict(QUERIES, {"input_type": "query"})
+    served = predict(model, QUERIES, {"input_type": "query"})
     for vectors, reference in zip(served, expected):
         assert vectors.shape == reference.shape and np.abs(vectors - reference.numpy()).max() < 1e-4
     assert len(served[3]) > 32 if strategy == "min" else len(served[3]) == 32
@@ -163,7 +164,7 @@ def test_the_int8_artifact_passes_multi_vector_parity_batch_invariant(artifact_f
     metrics = manifest.parity.metrics
     assert metrics["token_cosine_mean"] >= 0.99 and metrics["maxsim_spearman_mean"] >= 0.95
     assert manifest.parity.batch_invariance["max_abs_diff"] == 0.0
-    served = LoadedModel.load(artifact).predict(QUERIES, {"input_type": "query"})  # queries: not in the parity run
+    served = predict(LoadedModel.load(artifact), QUERIES, {"input_type": "query"})  # queries: not in the parity run
     for vectors, expected in zip(served, reference["query"]):
         assert vectors.shape == expected.shape and float((vectors * expected).sum(axis=1).min()) > 0.98
 

@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
-from infinity.hostinfo import cpu_flags, cpu_name
+from infinity.engine.hostinfo import cpu_flags, cpu_name
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest, sha256_file, verify_checksums
-from infinity.model import LoadedModel
+from tests.inprocess import predict
 
 QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
                  "DynamicQuantizeLinear"}
@@ -88,7 +89,7 @@ def test_minilm_int8_embeddings_agree_with_sentence_transformers(minilm_int8_art
     # Independently of the optimizer's own check: the serving pipeline against the original library.
     model = LoadedModel.load(minilm_int8_artifact)
     texts = [*SINGLES, "An unseen sentence about gardening in the rain.", "Quarterly revenue grew 12%."]
-    ours = np.stack([model.predict(text) for text in texts])
+    ours = np.stack([predict(model, text) for text in texts])
     reference = SentenceTransformer(str(manifest.source.model), device="cpu").encode(texts)
     cosine = (ours * reference).sum(1) / np.linalg.norm(reference, axis=1) / np.linalg.norm(ours, axis=1)
     assert cosine.min() >= 0.98, cosine.min()

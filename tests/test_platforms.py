@@ -646,7 +646,7 @@ def test_an_absent_collector_costs_the_requests_nothing_and_stops_nothing(monkey
 
 
 def test_a_variable_that_is_not_a_number_stops_the_start_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infinity.preflight import StartupError
+    from infinity.errors import StartupError
     from infinity.tracing import Tracing
 
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "5s")
@@ -659,7 +659,7 @@ def test_with_tracing_off_no_span_is_made_and_opentelemetry_is_never_imported() 
     from infinity.settings import Settings
 
     assert Observers.from_settings(Settings()).tracing is None
-    imports = ("import sys, infinity.cli, infinity.app, infinity.api; "
+    imports = ("import sys, infinity.cli, infinity.api.app; "
                "print(sorted(m for m in sys.modules if 'opentel' in m))")
     lean = subprocess.run([sys.executable, "-c", imports], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=WAIT)

@@ -19,6 +19,7 @@ from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import pool
 from optimize.checkpoint import pooling_mode
 from optimize.source import hub_id, load_source
+from tests.inprocess import predict
 from tests.models import QWEN3_PROMPTS, minilm_dir
 from tests.servers import ROOT, Server, running
 
@@ -209,9 +210,9 @@ def test_qwen3_with_a_prompt_over_http_matches_sentence_transformers(qwen3_serve
     tei = httpx.post(qwen3_server.url + "/embed", json={"inputs": TEXTS, "prompt_name": "query"}, timeout=30)
     assert tei.status_code == 200
     np.testing.assert_allclose(np.array(tei.json()), queries, atol=1e-5)
-    predict = httpx.post(qwen3_server.url + "/predict",
-                         json={"inputs": TEXTS, "parameters": {"prompt_name": "query"}}, timeout=30)
-    np.testing.assert_allclose(np.array(predict.json()), queries, atol=1e-5)
+    predicted = httpx.post(qwen3_server.url + "/predict",
+                           json={"inputs": TEXTS, "parameters": {"prompt_name": "query"}}, timeout=30)
+    np.testing.assert_allclose(np.array(predicted.json()), queries, atol=1e-5)
     client = openai.OpenAI(base_url=qwen3_server.url + "/v1", api_key="none", max_retries=0)
     answer = client.embeddings.create(input=TEXTS, model="whatever", encoding_format="float",
                                       extra_body={"prompt_name": "query"})
@@ -222,11 +223,11 @@ def test_qwen3_with_a_prompt_over_http_matches_sentence_transformers(qwen3_serve
 
 
 def test_a_decoder_embedding_model_quantizes_to_int8_within_parity(artifacts: Any) -> None:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
     int8 = LoadedModel.load(artifacts.artifact("feature-extraction", "int8", model="qwen3-tiny"), threads=1)
     assert int8.manifest.parity.passed and int8.manifest.model.precision == "int8"
-    got = np.array(int8.predict(TEXTS, {"prompt_name": "query"}))
+    got = np.array(predict(int8, TEXTS, {"prompt_name": "query"}))
     expected = st_model(artifacts, "qwen3-tiny").encode(TEXTS, prompt_name="query")
     assert np.min(np.sum(got * expected, axis=1)) >= 0.99
 

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from infinity.hostinfo import cpu_name
+from infinity.engine.hostinfo import cpu_name
 from optimize.presets import PRESETS, TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize.config import QuantizationConfig
 

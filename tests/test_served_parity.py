@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from optimize.tasks import task_for
 from optimize.validate.served import PADDING_BOUND, mixed_batches, run_served

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from infinity.app import create_app
-from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.api.app import create_app
+from infinity.api.router import Router
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
+from tests.inprocess import predict
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Berlin is the capital of Germany.",
          "I loved this film, the acting was superb!", "Terrible service; I will never come back."]
@@ -20,7 +21,7 @@ LONG = " ".join(["a considerably longer sentence that pads the batch"] * 8)
 
 
 def serve(artifact: Path, **settings: Any) -> TestClient:
-    return TestClient(create_app(Core.build(LoadedModel.load(artifact, threads=1), Settings(**settings))))
+    return TestClient(create_app(Router.build(LoadedModel.load(artifact, threads=1), Settings(**settings))))
 
 
 @pytest.fixture(scope="module")
@@ -153,23 +154,23 @@ def test_info_metrics_and_openapi_describe_the_served_model(artifact_for: Any) -
                  'infinity_requests_total{route="/predict",status="200"} 1',
                  "process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
         assert name in metrics.text
-    predict = spec["paths"]["/predict"]["post"]
-    request = predict["requestBody"]["content"]["application/json"]["schema"]
+    operation = spec["paths"]["/predict"]["post"]
+    request = operation["requestBody"]["content"]["application/json"]["schema"]
     assert set(request["properties"]["parameters"]["properties"]) == {
         "aggregation_strategy", "ignore_labels", "truncate", "truncation_direction"}
     assert request["properties"]["inputs"]["oneOf"][1]["maxItems"] == 8  # the server's own cap
-    assert "x-compute-time" in predict["responses"]["200"]["headers"]
+    assert "x-compute-time" in operation["responses"]["200"]["headers"]
     # routes of other tasks are not described: they answer 404
     assert "/v1/embeddings" not in spec["paths"] and "/v1/rerank" not in spec["paths"]
 
 
 def test_small_and_large_requests_take_their_own_paths_to_the_same_answer(embeddings: TestClient,
                                                                           minilm_fp32_artifact: Path) -> None:
-    from infinity.service import INLINE_CHARS
+    from infinity.engine.service import INLINE_CHARS
 
     model = LoadedModel.load(minilm_fp32_artifact, threads=1)
     small, large = TEXTS[:2], [LONG] * 4  # tokenized on the event loop / in the worker pool
     assert sum(map(len, small)) <= INLINE_CHARS < sum(map(len, large))
     for texts in (small, large):
         response = embeddings.post("/predict", json={"inputs": texts})
-        np.testing.assert_allclose(np.array(response.json()), model.predict(texts), atol=1e-5)
+        np.testing.assert_allclose(np.array(response.json()), predict(model, texts), atol=1e-5)

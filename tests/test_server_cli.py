@@ -1,6 +1,8 @@
-"""Start-up: settings from flags and environment, refusals as one line, and a server free of torch."""
+"""Start-up: settings from flags and environment, refusals as one line, and a server free of torch and of import
+cycles."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -13,7 +15,8 @@ from typing import Any
 import pytest
 
 from infinity.cli import build_parser, main, settings_from
-from infinity.preflight import StartupError, check, open_checked
+from infinity.engine.preflight import check, open_checked
+from infinity.errors import StartupError
 from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,15 +180,16 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-import infinity.app, infinity.cli, infinity.service, infinity.batcher, infinity.preflight, infinity.openapi
+import infinity.api.app, infinity.api.openapi, infinity.cli
+import infinity.engine.service, infinity.engine.batcher, infinity.engine.preflight
 from starlette.testclient import TestClient
-from infinity.app import create_app
-from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.api.app import create_app
+from infinity.api.router import Router
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 
 for artifact, inputs in zip(sys.argv[1::2], sys.argv[2::2]):
-    with TestClient(create_app(Core.build(LoadedModel.load(artifact), Settings()))) as client:
+    with TestClient(create_app(Router.build(LoadedModel.load(artifact), Settings()))) as client:
         response = client.post("/predict", json={"inputs": inputs})
         assert response.status_code == 200, response.text
         print(response.text)
@@ -200,6 +204,44 @@ def test_the_server_runs_without_torch_transformers_or_the_optimizer(minilm_fp32
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.strip().splitlines()) == 2
+
+
+def server_imports() -> dict[str, set[str]]:
+    """Each module of infinity/ and the modules of infinity/ it imports, wherever the import statement stands (in a
+    function or under TYPE_CHECKING too)."""
+    paths = {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in (ROOT / "infinity").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in paths}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in paths:
+                # `from package import module` imports the module; `from module import name`, the module
+                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths else node.module
+                          for alias in node.names}
+        graph[module] = found - {module}
+    return graph
+
+
+def test_the_server_imports_no_module_that_imports_it_back() -> None:
+    graph, cycles = server_imports(), []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(graph[module]):
+            if imported in path:
+                cycles.append(" -> ".join([*path[path.index(imported):], imported]))
+            elif imported not in done:
+                visit(imported, [*path, imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert len(graph) > 40 and graph["infinity.cli"], graph  # the walk found the package and its imports
+    assert cycles == []
 
 
 def test_help_lists_every_flag_both_ways_for_on_off_options() -> None:

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from infinity.app import LastResort, create_app
-from infinity.core import Core
-from infinity.model import LoadedModel
+from infinity.api.app import LastResort, create_app
+from infinity.api.router import Router
+from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
 from tests.servers import until
 
@@ -72,7 +72,7 @@ ON_ENGINE = {"lone_request_tokens": 0}
 @pytest.fixture()
 def client(model: LoadedModel) -> Iterator[TestClient]:
     settings = Settings(max_payload_bytes=4096, max_inputs_per_request=4, max_batch_size=8, max_queue=2, **ON_ENGINE)
-    with TestClient(create_app(Core.build(model, settings))) as test_client:
+    with TestClient(create_app(Router.build(model, settings))) as test_client:
         yield test_client
 
 
@@ -193,11 +193,11 @@ def test_a_full_queue_answers_429_with_retry_after(client: TestClient, model: Lo
 
 def test_lone_small_requests_run_on_the_event_loop_and_overlapping_ones_on_the_engine_thread(
         model: LoadedModel, session: ControlledSession) -> None:
-    from infinity.service import LONE_S
+    from infinity.engine.service import LONE_S
 
     model.engine.session = session
     long_text = "word " * 80  # over the default 64 padded tokens
-    with TestClient(create_app(Core.build(model, Settings()))) as client, ThreadPoolExecutor(2) as pool:
+    with TestClient(create_app(Router.build(model, Settings()))) as client, ThreadPoolExecutor(2) as pool:
         def ran_on(text: str) -> str:
             assert client.post("/predict", json={"inputs": text}).status_code == 200
             return session.threads[-1]
@@ -216,7 +216,7 @@ def test_lone_small_requests_run_on_the_event_loop_and_overlapping_ones_on_the_e
         assert ran_on("short") == "infinity-engine"  # requests overlapped less than LONE_S ago
         time.sleep(LONE_S)
         assert ran_on("short") != "infinity-engine"
-    with TestClient(create_app(Core.build(model, Settings(lone_request_tokens=0)))) as client:
+    with TestClient(create_app(Router.build(model, Settings(lone_request_tokens=0)))) as client:
         assert ran_on("short") == "infinity-engine"
 
 
@@ -246,7 +246,7 @@ def test_an_engine_failure_reaches_every_waiter_and_flips_readiness(client: Test
 
 def test_a_client_that_disconnects_while_queued_costs_no_compute(model: LoadedModel,
                                                                  session: ControlledSession) -> None:
-    app = create_app(Core.build(model, Settings(**ON_ENGINE)))
+    app = create_app(Router.build(model, Settings(**ON_ENGINE)))
 
     async def main() -> None:
         async with app.router.lifespan_context(app) as state:
@@ -311,8 +311,8 @@ def test_anything_unexpected_becomes_a_json_500_and_the_app_keeps_serving() -> N
 
 
 def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:
+    from infinity.engine.service import Service
     from infinity.errors import NotReady
-    from infinity.service import Service
 
     async def main() -> None:
         with pytest.raises(NotReady) as caught:
@@ -327,7 +327,7 @@ def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedM
                                                                    session: ControlledSession) -> None:
     """With every permit taken, a request is answered 429 by counting alone: nothing of it is tokenized."""
     settings = Settings(max_queue=1, max_batch_size=1, max_inputs_per_request=1, **ON_ENGINE)
-    with TestClient(create_app(Core.build(model, settings))) as client, ThreadPoolExecutor(2) as pool:
+    with TestClient(create_app(Router.build(model, settings))) as client, ThreadPoolExecutor(2) as pool:
         session.release.clear()
         model.engine.session = session
         running = pool.submit(client.post, "/predict", json={"inputs": "first"})
@@ -347,8 +347,8 @@ def test_overload_is_refused_before_the_body_is_read_or_tokenized(model: LoadedM
 
 
 def test_an_engine_error_names_no_graph_nodes(model: LoadedModel) -> None:
-    from infinity.engine import EngineError
-    from infinity.tokenization import Batch
+    from infinity.engine.session import EngineError
+    from infinity.engine.tokenization import Batch
 
     ids = np.array([[101, 10 ** 6, 102]], dtype=np.int64)  # past the vocabulary: onnxruntime refuses it
     with pytest.raises(EngineError) as caught:

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from infinity.cli import build_parser, settings_from
+from infinity.errors import StartupError
 from infinity.http.protocol import Gate
-from infinity.preflight import StartupError
 from tests.servers import ROOT, WAIT, Reader, Server, running
 
 HEAD_LIMIT = 4096

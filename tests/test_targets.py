@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from infinity.hostinfo import cpu_flags
+from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from optimize.presets import PRESETS, VNNI_FLAGS
 from optimize.validate.artifact import validate_artifact

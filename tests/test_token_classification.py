@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from infinity.engine.model import LoadedModel
 from infinity.errors import ValidationError
-from infinity.model import LoadedModel
+from tests.inprocess import predict
 
 TEXTS = [
     "Hugging Face Inc. is a company based in New York City. Its headquarters are in DUMBO, "
@@ -52,7 +53,7 @@ def test_matches_the_transformers_pipeline(model: LoadedModel, reference: Any, s
     kwargs: dict[str, Any] = {"aggregation_strategy": strategy}
     if ignore is not None:
         parameters["ignore_labels"] = kwargs["ignore_labels"] = ignore
-    actual = model.predict(TEXTS, parameters)
+    actual = predict(model, TEXTS, parameters)
     expected = reference(TEXTS, **kwargs)
     assert sum(map(len, expected)) > 0
     for want, got in zip(expected, actual):
@@ -60,13 +61,13 @@ def test_matches_the_transformers_pipeline(model: LoadedModel, reference: Any, s
 
 
 def test_default_is_simple_grouping_without_o(model: LoadedModel, reference: Any) -> None:
-    assert_same(reference(TEXTS[0], aggregation_strategy="simple"), model.predict(TEXTS[0]))
+    assert_same(reference(TEXTS[0], aggregation_strategy="simple"), predict(model, TEXTS[0]))
 
 
 def test_a_single_text_gives_a_flat_list(model: LoadedModel) -> None:
-    single = model.predict(TEXTS[0], {"ignore_labels": []})
+    single = predict(model, TEXTS[0], {"ignore_labels": []})
     assert isinstance(single, list) and all(isinstance(e, dict) for e in single)
-    assert model.predict([TEXTS[0]], {"ignore_labels": []}) == [single]
+    assert predict(model, [TEXTS[0]], {"ignore_labels": []}) == [single]
 
 
 @pytest.mark.parametrize("parameters", [
@@ -78,4 +79,4 @@ def test_a_single_text_gives_a_flat_list(model: LoadedModel) -> None:
 ])
 def test_bad_parameters_are_refused(model: LoadedModel, parameters: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
-        model.predict("Berlin", parameters)
+        predict(model, "Berlin", parameters)

@@ -5,8 +5,8 @@ import time
 
 from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
 from infinity.api.endpoint import Endpoint, not_served
-from infinity.model import LoadedModel
-from infinity.preflight import StartupError
+from infinity.engine.model import LoadedModel
+from infinity.errors import StartupError
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
@@ -64,5 +64,5 @@ def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     result = []
     for path, family, needs in others:
         if path not in paths:
-            result.append(Endpoint(path, family, "", {}, view=not_served(path, family, needs, task), tasks=(needs,)))
+            result.append(Endpoint(path, family, "", {}, view=not_served(path, family, needs, task)))
     return result

@@ -7,8 +7,8 @@ from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
 from infinity.api.hf import truncated
+from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.ranking import Ranking
@@ -61,7 +61,7 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
         "id": {"type": "string"}, "results": {"type": "array", "items": item}, "meta": {"type": "object"}}}
     schema = body_schema(task, limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
-                     tasks=(Ranking.name,), errors=ERRORS) for path in RERANK]
+                     errors=ERRORS) for path in RERANK]
 
 
 def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
@@ -81,7 +81,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
         "embedding_types": Array(types, description="v2 answers float without it; v1 answers a plain float list"),
         "truncate": Choice(tuple(TRUNCATE), default="END", case_insensitive=True,
                            description="NONE answers 422 for inputs past the model's maximum length"),
-        "output_dimension": task.parameters()["dimensions"],
+        "output_dimension": task.dimensions_field(),
         "max_tokens": Integer(minimum=1, description="accepted and ignored: inputs are cut at the model's maximum "
                                                      "length"),
     }, required=("texts",))
@@ -96,7 +96,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             kinds = list(dict.fromkeys(kinds or ["float"]))
             normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
             task.check_precision(kinds)
-            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]], '"truncate": "END"')
+            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]])
             request = task.prompted(request, prompt_for(task, body.get("input_type")))
 
             def render(result: Result) -> Any:
@@ -112,7 +112,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             return request, render
 
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
-                        tasks=(FeatureExtraction.name,), errors=ERRORS)
+                        errors=ERRORS, truncation_switch='"truncate": "END"')
 
     vectors = {"type": "array", "items": task.vector_doc()}
     answer_doc = {"type": "object", "required": ["id", "embeddings"], "properties": {

@@ -15,9 +15,9 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, ValidationError
+from infinity.engine.service import INLINE_CHARS, Permit, Result, Service
+from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, TooLong, ValidationError
 from infinity.schema import Schema
-from infinity.service import INLINE_CHARS, Permit, Result, Service
 from infinity.tasks import Request
 
 log = logging.getLogger("infinity.api")
@@ -93,10 +93,10 @@ class Endpoint:
     prepare: Prepare | None = None  # ... and what turns a checked body into a core request and its answer
     view: View | None = None  # other routes (health, info, metrics): a plain handler
     method: str = "POST"
-    tasks: tuple[str, ...] | None = None  # served only for these tasks; None: every task
     protected: bool = True  # needs an API key when the server has keys
     errors: dict[int, str] = field(default_factory=dict)  # documented error statuses
     media_type: str = "application/json"  # of a 200 answer
+    truncation_switch: str = ""  # the body field that turns truncation on, as a too-long input's 422 names it
 
     def __post_init__(self) -> None:
         if (self.view is None) == (self.body is None or self.prepare is None):
@@ -202,6 +202,8 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
             answered = time.perf_counter()
             small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
             content = await service.offload(render, result, small=small)
+    except TooLong as exc:
+        return failure(endpoint, service, exc.advising(endpoint.truncation_switch))
     except InfinityError as exc:
         return failure(endpoint, service, exc)
     except ClientDisconnect:

@@ -5,8 +5,9 @@ from collections.abc import Callable
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
+from infinity.api.predict import Predict, predict_for
+from infinity.engine.service import Result
 from infinity.schema import Boolean, Choice, Object, Schema
-from infinity.service import Result
 from infinity.tasks import Request, Task
 from infinity.tasks.base import DIRECTIONS
 
@@ -23,50 +24,54 @@ def truncation() -> dict[str, Schema]:
                                            description="which end of a long input is cut")}
 
 
+# the body fields that turn truncation on, as a too-long input's error names them (Endpoint.truncation_switch)
 AT_TOP = '"truncate": true'
 IN_PARAMETERS = '"parameters": {"truncate": true}'
 
 
-def truncated(request: Request, params: dict[str, Any], switch: str = AT_TOP) -> Request:
-    """The request cut as the truncation() parameters say (their defaults where the body gave none); `switch`: the
-    body field that turns truncation on, as a too-long input's error names it."""
+def truncated(request: Request, params: dict[str, Any]) -> Request:
+    """The request cut as the truncation() parameters say (their defaults where the body gave none)."""
     request.truncate = params.get("truncate", True)
     request.direction = params.get("truncation_direction", "right")
-    request.truncate_with = switch
     return request
 
 
-def body_schema(task: Task, limit: int) -> Object:
-    parameters = {**task.parameters(), **truncation()}
+def body_schema(predict: Predict[Any], limit: int) -> Object:
+    parameters = {**predict.parameters(), **truncation()}
     fields: dict[str, Schema] = {
-        "inputs": task.inputs(limit),
+        "inputs": predict.inputs(limit),
         "parameters": Object(parameters, fill_defaults=False),
         "options": Object({}, open=True, description="accepted and ignored, as the Inference API sends it"),
     }
-    fields.update({name: parameters[name] for name in (*task.top_level, "truncate", "truncation_direction")
+    fields.update({name: parameters[name] for name in (*predict.top_level, "truncate", "truncation_direction")
                    if name in parameters})
     return Object(fields, required=("inputs",), fill_defaults=False)
 
 
 def endpoints(task: Task, limit: int) -> list[Endpoint]:
+    predict = predict_for(task)
+
     def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Request, Render]]:
         def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
             params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
             params.update(body.get("parameters", {}))
-            parsed = task.parse(body["inputs"], params)
-            truncated(parsed.request, params, IN_PARAMETERS)  # where it overrides a top-level truncate
-            nest = hosted_api and parsed.single and task.nests_single_answer
+            parsed = predict.parse(body["inputs"], params)
+            truncated(parsed.request, params)
+            nest = hosted_api and parsed.single and predict.nests_single_answer
 
             def render(result: Result) -> Any:
-                answer = task.respond(result.rows, parsed, result.encoded)
+                answer = predict.respond(result.rows, parsed, result.encoded)
                 return [answer] if nest else answer
 
             return parsed.request, render
 
         return prepare
 
-    schema = body_schema(task, limit)
+    schema = body_schema(predict, limit)
+    # the parameters' truncate overrides a top-level one, so the advice names that one
     return [Endpoint("/predict", HF, f"Run {task.name} (transformers pipeline and TEI answer shapes)",
-                     task.answer_doc(), body=schema, prepare=preparer(False), errors=ERRORS),
+                     predict.answer_doc(), body=schema, prepare=preparer(False), errors=ERRORS,
+                     truncation_switch=IN_PARAMETERS),
             Endpoint("/", HF, f"Run {task.name} (the hosted Inference API's answer shape, as huggingface_hub "
-                              "expects it)", task.answer_doc(), body=schema, prepare=preparer(True), errors=ERRORS)]
+                              "expects it)", predict.answer_doc(), body=schema, prepare=preparer(True), errors=ERRORS,
+                     truncation_switch=IN_PARAMETERS)]

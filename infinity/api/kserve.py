@@ -19,9 +19,10 @@ from starlette.responses import Response
 from infinity.api import hf
 from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
 from infinity.api.ops import version
+from infinity.api.predict import SequenceClassificationPredict, predict_for
+from infinity.engine.service import Result
 from infinity.errors import ErrorType, ValidationError
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
-from infinity.service import Result
 from infinity.tasks import Request, Task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import FeatureExtraction
@@ -63,7 +64,7 @@ def tensors(task: Task) -> Tensors | None:
 
         def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
             # the function /predict would apply with these parameters
-            return activate(rows, task.parse([], params).params["function_to_apply"])
+            return activate(rows, SequenceClassificationPredict(task).function(params))
 
         return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
                        pairs, scores)
@@ -92,7 +93,7 @@ def _input(names: tuple[str, ...], limit: int) -> Schema:
 
 
 def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
-    parameters = Object({**task.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
+    parameters = Object({**predict_for(task).parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
     schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1),
@@ -113,7 +114,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
         if missing:
             raise ValidationError(f"missing input(s): {', '.join(missing)}")
         params = body.get("parameters", {})
-        request = hf.truncated(spec.texts(named), params, hf.IN_PARAMETERS)
+        request = hf.truncated(spec.texts(named), params)
 
         def render(result: Result) -> Any:
             data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)
@@ -129,7 +130,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
                   "properties": {"model_name": {"type": "string"}, "id": {"type": "string"},
                                  "outputs": {"type": "array", "items": TENSOR_DOC}}}
     return Endpoint(f"/v2/models/{name}/infer", KSERVE, f"Run {task.name} (KServe Open Inference Protocol)",
-                    answer_doc, body=schema, prepare=prepare, errors=ERRORS)
+                    answer_doc, body=schema, prepare=prepare, errors=ERRORS, truncation_switch=hf.IN_PARAMETERS)
 
 
 async def _ready(request: HTTPRequest) -> bool:

@@ -10,9 +10,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
+from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
 from infinity.tasks.feature_extraction import FeatureExtraction
 
@@ -54,7 +54,7 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
         "encoding_format": Choice(("float", "base64"), default="float",
                                   description="base64: little-endian float32 bytes (at another precision, "
                                               "each integer as a float32)"),
-        "dimensions": task.parameters()["dimensions"],
+        "dimensions": task.dimensions_field(),
         "user": Text(allow_blank=True, description="accepted and ignored"),
         # not OpenAI's: the python client sends these with extra_body
         "precision": task.precision_field(),
@@ -102,7 +102,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) 
                                                    "total_tokens": {"type": "integer"}}}}}
     schema = body_schema(task, limit, vocabulary)
     return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
-                     tasks=(FeatureExtraction.name,), errors=ERRORS) for path in EMBEDDINGS]
+                     errors=ERRORS) for path in EMBEDDINGS]
 
 
 def models(name: str, started: int, protected: bool) -> Endpoint:

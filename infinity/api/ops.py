@@ -11,10 +11,10 @@ from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, JSONResponse
 from infinity.api.hf import HF
+from infinity.engine.service import Service
 from infinity.errors import ErrorType
 from infinity.manifest import Manifest
 from infinity.metrics import CONTENT_TYPE
-from infinity.service import Service
 from infinity.settings import Settings
 
 PLAIN = {"type": "object"}

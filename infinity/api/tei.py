@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.hf import ERRORS, HF, truncated, truncation
+from infinity.api.hf import AT_TOP, ERRORS, HF, truncated, truncation
+from infinity.api.predict import texts_schema
+from infinity.engine.service import Result
+from infinity.engine.tokenization import TextInput, TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
-from infinity.service import Result
 from infinity.tasks import Request
-from infinity.tasks.base import texts_schema
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding
-from infinity.tokenization import TextInput, TextTokenizer
 
 # TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
 TEI = HF
@@ -30,7 +30,7 @@ def listed(inputs: str | list[str]) -> list[TextInput]:
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
-                     "dimensions": task.parameters()["dimensions"], "precision": task.precision_field(),
+                     "dimensions": task.dimensions_field(), "precision": task.precision_field(),
                      **task.prompt_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
@@ -43,7 +43,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
         return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
-                    prepare=prepare, tasks=(FeatureExtraction.name,), errors=ERRORS)
+                    prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
 def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> Endpoint:
@@ -63,8 +63,8 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
         return request, render
 
     return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
-                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, tasks=(task.name,),
-                    errors=ERRORS)
+                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
+                    truncation_switch=AT_TOP)
 
 
 def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
@@ -80,8 +80,8 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
         return truncated(task.request(listed(body["inputs"]), role), body), render
 
     return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
-                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare,
-                    tasks=(MultiVectorEmbedding.name,), errors=ERRORS)
+                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
+                    truncation_switch=AT_TOP)
 
 
 def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
@@ -98,7 +98,7 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,
-                    tasks=(task.name,), errors=ERRORS)
+                    errors=ERRORS, truncation_switch=AT_TOP)
 
 
 def rerank(task: Ranking, limit: int) -> Endpoint:
@@ -112,8 +112,8 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
 
         return truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body), render
 
-    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.answer_doc(), body=schema,
-                    prepare=prepare, tasks=(Ranking.name,), errors=ERRORS)
+    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.ranking_doc(), body=schema,
+                    prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
 def tokenize(tokenizer: TextTokenizer, limit: int) -> Endpoint:
@@ -158,5 +158,4 @@ def decode(tokenizer: TextTokenizer, limit: int) -> Endpoint:
         return None, lambda _: tokenizer.decode(ids, body["skip_special_tokens"])
 
     answer = {"type": "array", "items": {"type": "string"}}
-    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare,
-                    errors=ERRORS)
+    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)

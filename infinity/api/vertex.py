@@ -10,39 +10,41 @@ from typing import Any
 
 from infinity.api import hf, ops
 from infinity.api.endpoint import Endpoint, Render
+from infinity.api.predict import predict_for
+from infinity.engine.service import Result
 from infinity.errors import PayloadTooLarge
 from infinity.schema import Array, Object
-from infinity.service import Result
 from infinity.tasks import Request, Task
 
 
 def predict(task: Task, limit: int, route: str) -> Endpoint:
-    parameters = Object({**task.parameters(), **hf.truncation()}, fill_defaults=False)
-    schema = Object({"instances": Array(task.inputs(limit), max_items=limit), "parameters": parameters},
+    per_instance = predict_for(task)
+    parameters = Object({**per_instance.parameters(), **hf.truncation()}, fill_defaults=False)
+    schema = Object({"instances": Array(per_instance.inputs(limit), max_items=limit), "parameters": parameters},
                     required=("instances",), fill_defaults=False)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         params = body.get("parameters", {})
-        parsed = [task.parse(instance, params) for instance in body["instances"]]
+        parsed = [per_instance.parse(instance, params) for instance in body["instances"]]
         texts = [text for each in parsed for text in each.request.texts]
         if len(texts) > limit:
             raise PayloadTooLarge(f"the instances hold {len(texts)} inputs; the limit is {limit}")
-        request = hf.truncated(Request(texts), params, hf.IN_PARAMETERS)
+        request = hf.truncated(Request(texts), params)
 
         def render(result: Result) -> Any:
             predictions, start = [], 0
             for each in parsed:
                 stop = start + each.request.size
-                predictions.append(task.respond(result.rows[start:stop], each, result.encoded[start:stop]))
+                predictions.append(per_instance.respond(result.rows[start:stop], each, result.encoded[start:stop]))
                 start = stop
             return {"predictions": predictions}
 
         return request, render
 
     answer = {"type": "object", "required": ["predictions"],
-              "properties": {"predictions": {"type": "array", "items": task.answer_doc()}}}
+              "properties": {"predictions": {"type": "array", "items": per_instance.answer_doc()}}}
     return Endpoint(route, hf.HF, f"Run {task.name} (Vertex AI; each instance is a /predict input)", answer,
-                    body=schema, prepare=prepare, errors=hf.ERRORS)
+                    body=schema, prepare=prepare, errors=hf.ERRORS, truncation_switch=hf.IN_PARAMETERS)
 
 
 def endpoints(task: Task, limit: int, predict_route: str, health_route: str, taken: set[str]) -> list[Endpoint]:

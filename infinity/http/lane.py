@@ -3,7 +3,7 @@
 On the usual path every header becomes part of an ASGI scope, a request cycle and its task are started, and the
 body and the answer travel as ASGI messages through the Starlette stack: for an 8-token embedding that is about
 half of the event loop's work per request. Here the head is checked with a few byte searches, the body is
-gathered as it arrives, and the route's core answers it; the bytes written are those the usual path writes.
+gathered as it arrives, and the router answers it; the bytes written are those the usual path writes.
 Anything else (chunked or unsized bodies, Expect, Connection other than keep-alive, HTTP/1.0, a request behind
 an answer still pending) goes to the parser as before, and so does a request without a valid key, which the app
 answers 401.
@@ -33,8 +33,8 @@ class Permit(Protocol):
     def release(self) -> None: ...
 
 
-class Core(Protocol):
-    """The routes' core, built before the server starts."""
+class Router(Protocol):
+    """The routes and what answers them, built before the server starts."""
 
     def admit(self, path: str) -> Permit | Response:
         """A permit in flight, or the route's refusal (429, 503)."""
@@ -48,10 +48,10 @@ class Core(Protocol):
 
 @dataclass
 class Lane:
-    """What the connection needs of the core: its inference routes and how to answer them."""
+    """What the connection needs of the router: its inference routes and how to answer them."""
     routes: dict[bytes, str]  # request line up to the target, "POST /path " -> path
     max_body: int  # a larger declared body takes the usual path, which answers 413
-    core: Core
+    router: Router
     observers: Observers
 
 
@@ -129,7 +129,7 @@ class LaneConnection(GuardedConnection):
         self.backlog += rest
         path = self.path or ""
         seen = self.lane.observers.begin("POST", path, self._header)
-        permit = self.lane.core.admit(path)
+        permit = self.lane.router.admit(path)
         if isinstance(permit, Response):  # refused at once, in the route's own shape
             self._write(seen, permit)
             if permit.status_code == 429 and not self.closing:
@@ -145,7 +145,7 @@ class LaneConnection(GuardedConnection):
 
     async def _respond(self, seen: Seen, body: bytes, permit: Permit) -> None:
         try:
-            response = await self.lane.core.serve(seen.path, body, permit, lambda: self.gone)
+            response = await self.lane.router.serve(seen.path, body, permit, lambda: self.gone)
         except asyncio.CancelledError:  # the task never began: nothing can be written
             self.lane.observers.end(seen, ErrorType.CLIENT_CLOSED.status, [])
             self.transport.close()
@@ -200,7 +200,7 @@ class LaneConnection(GuardedConnection):
             self.gone = True
             self.task.cancel()
         elif self.path is not None:
-            self.lane.core.closed(self.path)
+            self.lane.router.closed(self.path)
             self.path = None
         super().connection_lost(exc)
 

@@ -67,7 +67,7 @@ class Idle:
 
 @dataclass
 class Gate:
-    """What the transport asks of the core, which is built before the server starts.
+    """What the transport asks of the router, which is built before the server starts.
 
     Refusals decided on the socket: while `full()` holds, a whole small POST to an inference route that carries
     a valid key gets its route's 429 without a parser callback, an ASGI task or the app: a retry storm costs

@@ -8,11 +8,11 @@ import socket
 
 from starlette.applications import Starlette
 
+from infinity.errors import StartupError
 from infinity.http.connection import Shared
 from infinity.http.lane import Lane
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import Gate, Limits, protocol_class
-from infinity.preflight import StartupError
 from infinity.settings import Settings
 
 try:

@@ -5,12 +5,11 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
-from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
-from infinity.tasks.base import Parsed, Request
+from infinity.schema import Choice, Integer
 from infinity.tasks.prompts import PromptedTask
-from infinity.tokenization import Encoded
 
 
 def pool(hidden: np.ndarray, attention_mask: np.ndarray, pooling: str) -> np.ndarray:
@@ -69,7 +68,6 @@ def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) ->
 
 class FeatureExtraction(PromptedTask):
     name = "feature-extraction"
-    top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -80,20 +78,9 @@ class FeatureExtraction(PromptedTask):
     def dim(self) -> int | None:
         return self.manifest.task.embedding_dim
 
-    def inputs(self, limit: int) -> Schema:
-        similarity = Object({"source_sentence": Text(), "sentences": Array(Text(), max_items=limit - 1)},
-                            required=("source_sentence", "sentences"),
-                            description="sentence-similarity: cosine of each sentence with source_sentence")
-        return OneOf((Text(), Array(Text(), max_items=limit), similarity),
-                     'a string, a list of strings, or {"source_sentence": str, "sentences": [str, ...]}')
-
-    def parameters(self) -> dict[str, Schema]:
-        return {"normalize": Boolean(default=self.manifest.task.normalize,
-                                     description="scale each vector to unit length"),
-                "dimensions": Integer(minimum=1, maximum=self.dim,
-                                      description="keep the first N dimensions (Matryoshka), then normalize"),
-                "precision": self.precision_field(),
-                **self.prompt_fields()}
+    def dimensions_field(self) -> Integer:
+        return Integer(minimum=1, maximum=self.dim,
+                       description="keep the first N dimensions (Matryoshka), then normalize")
 
     def precision_field(self) -> Choice:
         return Choice(PRECISIONS, default="float", description=PRECISION_HELP)
@@ -122,27 +109,6 @@ class FeatureExtraction(PromptedTask):
         if self.dim:
             vector["maxItems"] = self.dim
         return vector
-
-    def answer_doc(self) -> dict[str, Any]:
-        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
-        # (two arms that match the same answer fail oneOf).
-        numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
-                   "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
-                                  "with source_sentence"}
-        return {"oneOf": [numbers, {"type": "array", "items": self.vector_doc(), "minItems": 1}]}
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        options = {"normalize": params.get("normalize", self.manifest.task.normalize),
-                   "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict),
-                   "precision": params.get("precision", "float")}
-        name = params.get("prompt_name")
-        self.check_precision([options["precision"]])
-        if options["similarity"]:
-            texts = [inputs["source_sentence"], *inputs["sentences"]]
-            return Parsed(self.prompted(Request(texts), name), options, single=False)
-        if isinstance(inputs, str):
-            return Parsed(self.prompted(Request([inputs]), name), options, single=True)
-        return Parsed(self.prompted(Request(list(inputs)), name), options, single=False)
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if self.manifest.task.pooled_in_graph:
@@ -175,11 +141,3 @@ class FeatureExtraction(PromptedTask):
                 raise ValidationError(f"dimensions is {dimensions}, but the model has {rows.shape[-1]}")
             rows = rows[:, :dimensions]
         return l2_normalize(rows) if normalize else np.ascontiguousarray(rows)
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        params = parsed.params
-        if params["similarity"]:
-            vectors = self.embed(rows, True, params["dimensions"])
-            return vectors[1:] @ vectors[0]
-        vectors = self.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
-        return vectors[0] if parsed.single else vectors

@@ -8,12 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import Hybrid, Manifest
-from infinity.schema import Array, Choice, Schema
-from infinity.tasks.base import Parsed, texts_schema
+from infinity.schema import Schema
 from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.sparse_embedding import SparseEmbedding, SparseVector, selection, sparse_vector
-from infinity.tokenization import Encoded
+from infinity.tasks.sparse_embedding import SparseVector, selection, sparse_vector
 
 HEADS = ("dense", "sparse", "colbert")
 
@@ -22,7 +21,6 @@ class HybridEmbedding(FeatureExtraction):
     """The dense vector is a feature-extraction answer (every dense route serves it); the sparse vector lists
     each token id's largest weight; the ColBERT vectors are every token's but the first's."""
     name = "hybrid-embedding"
-    top_level = (*FeatureExtraction.top_level, "outputs", "top_k", "threshold")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -33,30 +31,10 @@ class HybridEmbedding(FeatureExtraction):
     def selection(self) -> dict[str, Schema]:
         return selection(None)
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
-    def parameters(self) -> dict[str, Schema]:
-        return {"outputs": Array(Choice(HEADS), max_items=len(HEADS), default=list(HEADS),
-                                 description="which embeddings each answer holds"),
-                **super().parameters(), **self.selection()}
-
-    def answer_doc(self) -> dict[str, Any]:
-        one = {"type": "object", "properties": {"dense": self.vector_doc(), "sparse": SparseEmbedding.vector_doc(),
-                                                "colbert": self.token_doc()},
-               "description": "the embeddings `outputs` names"}
-        return {"oneOf": [one, {"type": "array", "items": one, "minItems": 1}]}
-
     def token_doc(self) -> dict[str, Any]:
         vector = {"type": "array", "items": {"type": "number"}, "minItems": self.layout.colbert_dim,
                   "maxItems": self.layout.colbert_dim}
         return {"type": "array", "items": vector, "description": "one ColBERT vector per token but the first"}
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        parsed = super().parse(inputs, params)
-        parsed.params.update(outputs=params.get("outputs", list(HEADS)), threshold=params.get("threshold", 0.0),
-                             top_k=params.get("top_k"))
-        return parsed
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output.astype(np.float32)
@@ -84,15 +62,3 @@ class HybridEmbedding(FeatureExtraction):
         """The ColBERT vectors: every token's but the first's (bge-m3 scores no [CLS]), normalized in the graph."""
         start = self.layout.hidden_size + 1
         return [np.ascontiguousarray(row[1:len(item), start:]) for row, item in zip(rows, encoded)]
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        params, heads = parsed.params, parsed.params["outputs"]
-        by_head: dict[str, Any] = {}
-        if "dense" in heads:
-            by_head["dense"] = self.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
-        if "sparse" in heads:
-            by_head["sparse"] = self.sparse_answers(rows, encoded, params["threshold"], params["top_k"])
-        if "colbert" in heads:
-            by_head["colbert"] = self.token_answers(rows, encoded)
-        answers = [dict(zip(by_head, values)) for values in zip(*by_head.values())]
-        return answers[0] if parsed.single else answers

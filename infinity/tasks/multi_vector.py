@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import ROLES, Manifest, MultiVector, QueryExpansion
 from infinity.schema import Choice, Schema
-from infinity.tasks.base import Parsed, Request, Task, texts_schema
-from infinity.tokenization import Encoded, TextInput
+from infinity.tasks.base import Request, Task
 
 
 def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
@@ -26,7 +26,6 @@ def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
 
 class MultiVectorEmbedding(Task):
     name = "multi-vector"
-    top_level = ("input_type",)
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -34,16 +33,10 @@ class MultiVectorEmbedding(Task):
         self.rules: MultiVector = manifest.task.multi_vector
         self.skiplist = np.asarray(self.rules.skiplist_ids, dtype=np.int64)
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
     def role_field(self) -> Schema:
         return Choice(ROLES, default="document",
                       description="query or document: each gets the model's own prompt and length, a query its "
                                   "expansion, a document its skiplist")
-
-    def parameters(self) -> dict[str, Schema]:
-        return {"input_type": self.role_field()}
 
     def matrix_doc(self) -> dict[str, Any]:
         vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
@@ -51,19 +44,11 @@ class MultiVectorEmbedding(Task):
             vector["minItems"] = vector["maxItems"] = self.manifest.task.embedding_dim
         return {"type": "array", "items": vector, "description": "one vector per token the model scores"}
 
-    def answer_doc(self) -> dict[str, Any]:
-        matrix = self.matrix_doc()
-        return {"oneOf": [matrix, {"type": "array", "items": matrix, "minItems": 1}]}
-
     def request(self, texts: list[TextInput], role: str) -> Request:
         """Texts in one role, with its prompt before each and its maximum length."""
         prompt = self.manifest.task.prompts.get(role, "")
         return Request([prompt + text for text in texts] if prompt else texts,  # type: ignore[operator]  # texts
                        max_length=self.rules.max_length(role), role=role)
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        return Parsed(self.request(texts, params.get("input_type", "document")), {}, isinstance(inputs, str))
 
     def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
         expansion = self.rules.expansion
@@ -84,7 +69,3 @@ class MultiVectorEmbedding(Task):
                 vectors = vectors[~np.isin(np.asarray(item.ids), self.skiplist)]
             answers.append(np.ascontiguousarray(vectors))
         return answers
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        vectors = self.vectors(rows, encoded, parsed.request.role or "document")
-        return vectors[0] if parsed.single else vectors

@@ -4,22 +4,13 @@ from typing import Any
 
 import numpy as np
 
-from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
-from infinity.tasks.base import Parsed, Request, Task, activate
-from infinity.tokenization import Encoded, TextInput
+from infinity.engine.tokenization import TextInput
+from infinity.schema import Schema, Text
+from infinity.tasks.base import Request, Task, activate
 
 
 class Ranking(Task):
     name = "ranking"
-    top_level = ("raw_scores",)
-
-    def inputs(self, limit: int) -> Schema:
-        return Object({"query": Text(), "texts": Array(Text(), max_items=limit)}, required=("query", "texts"))
-
-    def parameters(self) -> dict[str, Schema]:
-        return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
-                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
-                **self.instruction_field()}
 
     def instruction_field(self) -> dict[str, Schema]:
         """A causal reranker's task description, in place of the manifest's for one request; others take none."""
@@ -27,17 +18,6 @@ class Ranking(Task):
         if reranker is None:
             return {}
         return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
-
-    def answer_doc(self) -> dict[str, Any]:
-        ranked = {"type": "object", "required": ["index", "score"],
-                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
-                                 "text": {"type": "string"}}}
-        return {"type": "array", "items": ranked}
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
-                   "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
-        return Parsed(self.pairs(inputs["query"], inputs["texts"], params.get("instruction")), options, single=False)
 
     def pairs(self, query: str, texts: list[str], instruction: str | None = None) -> Request:
         return Request([self.pair(query, text, instruction) for text in texts])
@@ -63,12 +43,15 @@ class Ranking(Task):
         scores = self.scores(rows, raw)
         return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")[:top_n]]
 
+    def ranking_doc(self) -> dict[str, Any]:
+        """The JSON schema of answer()."""
+        ranked = {"type": "object", "required": ["index", "score"],
+                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
+                                 "text": {"type": "string"}}}
+        return {"type": "array", "items": ranked}
+
     def answer(self, rows: np.ndarray, texts: list[str], raw: bool, top_n: int | None,
                return_text: bool) -> list[dict[str, Any]]:
         """The ranking in the shape /predict and TEI's /rerank answer."""
         return [{"index": i, "score": score, **({"text": texts[i]} if return_text else {})}
                 for i, score in self.ranked(rows, raw, top_n)]
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        params = parsed.params
-        return self.answer(rows, params["texts"], params["raw_scores"], params["top_n"], params["return_text"])

@@ -7,11 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import SPLADE_MAX_LOGITS, Manifest
 from infinity.schema import Integer, Number, Schema
-from infinity.tasks.base import Parsed, Request, texts_schema
 from infinity.tasks.prompts import PromptedTask
-from infinity.tokenization import Encoded
 
 SparseVector = list[dict[str, Any]]  # [{"index": vocabulary id, "value": weight}, ...] in index order
 
@@ -42,7 +41,6 @@ def selection(vocabulary: int | None) -> dict[str, Schema]:
 
 class SparseEmbedding(PromptedTask):
     name = "sparse-embedding"
-    top_level = ("top_k", "threshold", "prompt_name")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -51,14 +49,8 @@ class SparseEmbedding(PromptedTask):
         if SPLADE_MAX_LOGITS in manifest.model.outputs:
             self.activations = 2 if (manifest.task.splade or {}).get("activation_function") == "log1p_relu" else 1
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
     def selection(self) -> dict[str, Schema]:
         return selection(self.manifest.task.embedding_dim)
-
-    def parameters(self) -> dict[str, Schema]:
-        return {**self.selection(), **self.prompt_fields()}
 
     @staticmethod
     def vector_doc() -> dict[str, Any]:
@@ -67,15 +59,6 @@ class SparseEmbedding(PromptedTask):
                                           "description": "the vocabulary id (a token of the model's tokenizer)"},
                                 "value": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}}
         return {"type": "array", "items": entry, "description": "the non-zero weights, in vocabulary order"}
-
-    def answer_doc(self) -> dict[str, Any]:
-        vector = self.vector_doc()
-        return {"oneOf": [vector, {"type": "array", "items": vector, "minItems": 1}]}
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        return Parsed(self.prompted(Request(texts), params.get("prompt_name")), options, isinstance(inputs, str))
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch x vocabulary weights. The activation runs on each row's non-zero values apart, so a row's
@@ -90,7 +73,3 @@ class SparseEmbedding(PromptedTask):
     def sparse_answers(self, rows: np.ndarray, encoded: list[Encoded], threshold: float = 0.0,
                        top_k: int | None = None) -> list[SparseVector]:
         return sparse_rows(rows, threshold, top_k)
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        vectors = self.sparse_answers(rows, encoded, parsed.params["threshold"], parsed.params["top_k"])
-        return vectors[0] if parsed.single else vectors

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import Manifest
-from infinity.schema import Array, Choice, Schema, Text
-from infinity.tasks.base import Parsed, Request, Task, softmax, texts_schema
-from infinity.tokenization import Encoded
+from infinity.tasks.base import Task, softmax
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 
@@ -151,41 +150,5 @@ class TokenClassification(Task):
         self.vocabulary = Vocabulary(Path(directory) / manifest.tokenizer.file)
         self.labels = manifest.task.id2label or {}
 
-    def inputs(self, limit: int) -> Schema:
-        return texts_schema(limit)
-
-    def parameters(self) -> dict[str, Schema]:
-        return {"aggregation_strategy": Choice(STRATEGIES, default="simple", case_insensitive=True),
-                "ignore_labels": Array(Text(allow_blank=True), min_items=0, default=["O"])}
-
-    def answer_doc(self) -> dict[str, Any]:
-        def entity(grouped: bool) -> dict[str, Any]:
-            properties: dict[str, Any] = {"score": {"type": "number"}, "word": {"type": "string"},
-                                          "start": {"type": "integer"}, "end": {"type": "integer"}}
-            if grouped:
-                properties["entity_group"] = {"type": "string"}
-            else:
-                properties.update(entity={"type": "string"}, index={"type": "integer"})
-            return {"type": "object", "properties": properties, "required": list(properties),
-                    "additionalProperties": False}
-
-        entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
-        # anyOf: a single text with no entities answers [], which is also an empty list of lists
-        return {"anyOf": [entities, {"type": "array", "items": entities}]}
-
-    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
-                   "ignore_labels": params.get("ignore_labels", ["O"])}
-        if isinstance(inputs, str):
-            return Parsed(Request([inputs]), options, single=True)
-        return Parsed(Request(inputs), options, single=False)
-
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return softmax(output.astype(np.float32))
-
-    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        labels = {i: self.labels.get(i, f"LABEL_{i}") for i in range(rows.shape[-1])}
-        results = [entities_for(str(text), probs, enc, labels, parsed.params["aggregation_strategy"],
-                                parsed.params["ignore_labels"], self.vocabulary)
-                   for probs, enc, text in zip(rows, encoded, parsed.request.texts)]
-        return results[0] if parsed.single else results

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from infinity.hostinfo import cpu_flags
+from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Manifest, Outliers, Quantization
 from optimize.calibrate import Feeder, activation_ranges, calibrate
 from optimize.onnxio import copy_model

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement, texts
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel
@@ -21,7 +21,7 @@ from optimize.checkpoint import Checkpoint, Module, SourceModel
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 
 class UnsupportedModel(ValueError):

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import POOLINGS, SPLADE, TaskFacts, TaskName
 from infinity.tasks.feature_extraction import l2_normalize
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import (
@@ -26,7 +26,7 @@ from optimize.tasks.base import OptimizerTask, with_modules
 from optimize.tasks.hybrid_embedding import M3_HEADS
 
 if TYPE_CHECKING:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 
 class FeatureExtraction(OptimizerTask):

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Hybrid, TaskFacts, TaskName
 from infinity.tasks.hybrid_embedding import HybridEmbedding
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, hidden_size, pooling_mode, prompts, read_json
@@ -18,7 +18,7 @@ from optimize.tasks.base import OptimizerTask, head
 if TYPE_CHECKING:
     import torch
 
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 M3_HEADS = ("colbert_linear", "sparse_linear")  # bge-m3's extra weight files, beside the encoder's
 HEADS = {"dense": ("cosine_min", "cosine_mean", "max_abs_diff"),

@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import EXPANSIONS, ROLES, MultiVector, QueryExpansion, TaskFacts, TaskName
 from infinity.tasks.multi_vector import MultiVectorEmbedding
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, dense_width, hidden_size, read_json
 from optimize.tasks.base import OptimizerTask, with_modules
 
 if TYPE_CHECKING:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 MULTI_VECTOR_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"}
 EXPANSION_KEYS = {"strategy", "attend", "token", "length"}

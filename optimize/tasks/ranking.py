@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Reranker, TaskFacts, TaskName
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, read_json
@@ -16,7 +16,7 @@ from optimize.tasks.base import UnsupportedModel, head, output_hook
 from optimize.tasks.sequence_classification import ClassifierHead, labels
 
 if TYPE_CHECKING:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 # Ranking prompts of causal rerankers, as their model cards give them.
 RERANKERS: dict[str, dict[str, str]] = {

@@ -5,9 +5,9 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.tokenization import TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from infinity.tokenization import TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import SPLADE, SPLADE_MAX_LOGITS, SPLADE_SETTINGS, TaskFacts, TaskName
-from infinity.tokenization import Encoded, TextInput
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, prompts, read_json
 from optimize.tasks.base import OptimizerTask, UnsupportedModel, head, output_hook
 
 if TYPE_CHECKING:
-    from infinity.model import LoadedModel
+    from infinity.engine.model import LoadedModel
 
 SPLADE_KEYS = {*SPLADE_SETTINGS, "embedding_dimension", "word_embedding_dimension", "chunk_size"}
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel
 from optimize.source import load_source
 from optimize.tasks import task_for
 from optimize.tasks.ranking import RERANKER_FIELDS

@@ -17,7 +17,7 @@ def cpu_session(model: Path | bytes, threads: int = 0, spin_wait: bool = True,
     busy-wait, as the server's --spin-wait-us."""
     import onnxruntime as ort
 
-    from infinity.engine import DISABLED_OPTIMIZERS, session_options
+    from infinity.engine.session import DISABLED_OPTIMIZERS, session_options
 
     return ort.InferenceSession(model if isinstance(model, bytes) else str(model),
                                 session_options(threads, spin_wait, spin_wait_us),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infinity.tokenization import TextInput
+from infinity.engine.tokenization import TextInput
 from optimize import agreement
 from optimize.agreement import Outputs, ParityResult
 from optimize.tasks.base import OptimizerTask, hardest

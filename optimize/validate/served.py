@@ -14,17 +14,17 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infinity.batcher import overfull
-from infinity.engine import Engine
+from infinity.engine.batcher import overfull
+from infinity.engine.model import LoadedModel, artifact_tokenizer
+from infinity.engine.session import Engine
+from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer
 from infinity.manifest import Manifest
-from infinity.model import LoadedModel, artifact_tokenizer
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.feature_extraction import l2_normalize
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
-from infinity.tokenization import Encoded, TextInput, TextTokenizer
 from optimize.agreement import Outputs, ParityResult
 from optimize.onnxio import external_files
 from optimize.tasks import task_for

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infinity.engine.tokenization import Encoded
 from infinity.errors import BackendError, InfinityError, NotReady, Overloaded
-from infinity.tokenization import Encoded
 
 log = logging.getLogger("infinity.batcher")
 

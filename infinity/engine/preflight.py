@@ -6,18 +6,15 @@ from pathlib import Path
 
 import onnxruntime
 
-from infinity.engine import EngineError
-from infinity.hostinfo import missing_cpu_flags
+from infinity.engine.hostinfo import missing_cpu_flags
+from infinity.engine.model import LoadedModel
+from infinity.engine.session import EngineError
+from infinity.engine.tokenization import Encoded, pad_batch
+from infinity.errors import StartupError
 from infinity.manifest import Manifest, ManifestError, verify_checksums
-from infinity.model import LoadedModel
 from infinity.settings import Settings
-from infinity.tokenization import Encoded, pad_batch
 
 log = logging.getLogger("infinity.preflight")
-
-
-class StartupError(Exception):
-    """The server must not start; the message is the one line the operator sees."""
 
 
 def check(directory: Path, settings: Settings) -> Manifest:

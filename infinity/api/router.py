@@ -1,5 +1,6 @@
-"""The core, built once before the server starts: the service, the routes this artifact serves, and what the
-transport asks of them. The app's handlers and the transport's lane both call into it; nothing is assigned later."""
+"""The router, built once before the server starts: the service, the routes this artifact serves, and what the
+transport (the lane and the socket's gate) asks of them. The app's handlers and the lane both call into it; nothing
+is assigned later."""
 from __future__ import annotations
 
 import logging
@@ -11,23 +12,23 @@ from typing import Any
 from starlette.responses import Response
 
 from infinity import api
+from infinity.api.auth import matches, presented_key
 from infinity.api.endpoint import Endpoint, Family, closed, failure, respond
 from infinity.api.hf import HF
-from infinity.auth import matches, presented_key
+from infinity.engine.model import LoadedModel
+from infinity.engine.service import Permit, Service
 from infinity.errors import ErrorType, InfinityError
 from infinity.http.heads import canned, header
 from infinity.http.lane import Lane
 from infinity.http.protocol import Gate
-from infinity.model import LoadedModel
 from infinity.observe import Observers
-from infinity.service import Permit, Service
 from infinity.settings import Settings
 
 log = logging.getLogger("infinity.core")
 
 
 @dataclass
-class Core:
+class Router:
     service: Service
     served: list[Endpoint]  # the routes this artifact serves, in the order the OpenAPI document lists them
     routes: list[Endpoint]  # ... and the other tasks' routes, which answer 404 saying why
@@ -35,7 +36,7 @@ class Core:
     observers: Observers  # request ids, request log lines and spans, for every request on either path
 
     @classmethod
-    def build(cls, model: LoadedModel, settings: Settings) -> Core:
+    def build(cls, model: LoadedModel, settings: Settings) -> Router:
         served = api.endpoints(model, settings)
         routes = served + api.elsewhere(served, model.task.name)
         return cls(Service(model, settings), served, routes, tuple(key.encode() for key in settings.api_keys),

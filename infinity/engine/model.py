@@ -1,19 +1,16 @@
-"""A loaded artifact: manifest, tokenizer, engine and task, plus the in-process pipeline."""
+"""A loaded artifact: manifest, tokenizer, onnxruntime session and task."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from infinity.engine import Engine
+from infinity.engine.session import Engine
+from infinity.engine.tokenization import Encoded, TextTokenizer, pad_batch
 from infinity.manifest import Manifest, verify_checksums
-from infinity.schema import Object
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
-from infinity.tokenization import Encoded, TextTokenizer, pad_batch
 
 
 def artifact_tokenizer(directory: Path, manifest: Manifest) -> TextTokenizer:
@@ -55,11 +52,3 @@ class LoadedModel:
         batch = pad_batch(encoded, self.tokenizer.pad_id)
         output = self.engine.run(batch)
         return self.task.token_vectors(output) if tokens else self.task.reduce(output, batch.attention_mask)
-
-    def predict(self, inputs: Any, parameters: dict[str, Any] | None = None) -> Any:
-        """The whole /predict pipeline in-process, one request as one batch (inputs are not checked here)."""
-        inputs = self.task.inputs(sys.maxsize).check(inputs, "inputs")
-        params = Object(self.task.parameters(), fill_defaults=False).check(parameters or {}, "parameters")
-        parsed = self.task.parse(inputs, params)
-        encoded = self.encode(parsed.request)
-        return self.task.respond(self.forward(encoded), parsed, encoded)

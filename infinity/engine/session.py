@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from infinity.engine.tokenization import Batch
 from infinity.manifest import Manifest, artifact_file
 from infinity.settings import SPIN_WAIT_US
-from infinity.tokenization import Batch
 
 QUIET = ort.RunOptions()
 QUIET.log_severity_level = 4  # fatal only

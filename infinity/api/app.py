@@ -14,15 +14,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infinity import openapi
+from infinity.api import openapi
+from infinity.api.auth import ApiKeys
 from infinity.api.endpoint import Endpoint, Family, View, handle
 from infinity.api.hf import HF
 from infinity.api.ops import served_name, version
-from infinity.auth import ApiKeys
-from infinity.core import Core
+from infinity.api.router import Router
+from infinity.engine.service import Service
 from infinity.errors import ErrorType
 from infinity.observe import Observed
-from infinity.service import Service
 
 log = logging.getLogger("infinity.app")
 
@@ -81,8 +81,8 @@ def _view(endpoint: Endpoint) -> View:
     return view
 
 
-def create_app(core: Core) -> Starlette:
-    service, settings = core.service, core.service.settings
+def create_app(router: Router) -> Starlette:
+    service, settings = router.service, router.service.settings
     manifest = service.model.manifest
 
     @contextlib.asynccontextmanager
@@ -94,16 +94,16 @@ def create_app(core: Core) -> Starlette:
         finally:
             await service.close()
 
-    routes = [Route(e.path, _view(e), methods=[e.method]) for e in core.routes]
-    guarded = {e.path: e.family for e in core.routes if e.protected}
+    routes = [Route(e.path, _view(e), methods=[e.method]) for e in router.routes]
+    guarded = {e.path: e.family for e in router.routes if e.protected}
     def failed(path: str) -> None:
-        service.metrics.failed(core.route_label(path), ErrorType.INTERNAL)
+        service.metrics.failed(router.route_label(path), ErrorType.INTERNAL)
 
-    middleware = [Middleware(Observed, observers=core.observers), Middleware(LastResort, failed=failed),
+    middleware = [Middleware(Observed, observers=router.observers), Middleware(LastResort, failed=failed),
                   Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={HTTPException: http_errors({e.path: e.family for e in core.routes})})
+                    exception_handlers={HTTPException: http_errors({e.path: e.family for e in router.routes})})
     app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow
     title = f"infinity: {manifest.source.task} with {served_name(manifest, settings)}"
-    app.state.openapi = openapi.document(core.served, title, version(), secured=bool(settings.api_keys))
+    app.state.openapi = openapi.document(router.served, title, version(), secured=bool(settings.api_keys))
     return app

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.batcher import Batcher, BatchReport, Outcome, padded_tokens
-from infinity.errors import NotReady, Overloaded, PayloadTooLarge, ValidationError
+from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens
+from infinity.engine.model import LoadedModel
+from infinity.engine.tokenization import Encoded, InputTooLong
+from infinity.errors import NotReady, Overloaded, PayloadTooLarge, TooLong, ValidationError
 from infinity.metrics import Metrics
-from infinity.model import LoadedModel
 from infinity.settings import Settings
 from infinity.tasks import Request
-from infinity.tokenization import Encoded, InputTooLong
 
 log = logging.getLogger("infinity.service")
 
@@ -195,7 +195,7 @@ class Service:
         try:
             return self.model.encode(request)
         except InputTooLong as exc:
-            raise ValidationError(too_long(exc, request)) from None
+            raise TooLong(too_long(exc, request), cuttable=request.token_ids is None) from None
         except Exception as exc:  # tokenizers rejects some strings (lone surrogates) with its own errors
             raise ValidationError(f"could not tokenize the inputs: {exc}") from None
 
@@ -208,12 +208,11 @@ class Service:
 
 
 def too_long(exc: InputTooLong, request: Request) -> str:
-    """The 422 for an input the model cannot take whole: which input, whose maximum, and what the client can do in
-    its own API's words."""
+    """The 422 for an input the model cannot take whole: which input, whose maximum, and what the client can do (the
+    API layer adds how its own body turns truncation on)."""
     role = request.role if request.role and request.max_length == exc.max_length else None
     limit = f"the maximum of {exc.max_length} for a {role}" if role else f"the model's maximum of {exc.max_length}"
     if request.token_ids is not None:  # run as given, never cut
         return f"input {exc.index} has {exc.length} token ids, more than {limit}; send at most {exc.max_length}"
     what = f"input {exc.index}" + (", a text pair," if isinstance(request.texts[exc.index], tuple) else "")
-    advice = "send shorter text" + (f" or set {request.truncate_with}" if request.truncate_with else "")
-    return f"{what} has {exc.length} tokens, more than {limit}; {advice}"
+    return f"{what} has {exc.length} tokens, more than {limit}; send shorter text"

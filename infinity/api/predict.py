@@ -1,0 +1,313 @@
+"""Each task's /predict in the Hugging Face Inference API's shapes (transformers' pipelines): the schema of its
+`inputs` and `parameters`, how they become the core request, and how the core's rows become its answer. `/`,
+SageMaker's /invocations, Vertex AI's instances and KServe's parameters take the same."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from infinity.engine.tokenization import Encoded, TextInput
+from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
+from infinity.tasks import Request, Task
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.hybrid_embedding import HEADS, HybridEmbedding
+from infinity.tasks.multi_vector import MultiVectorEmbedding
+from infinity.tasks.ranking import Ranking
+from infinity.tasks.sequence_classification import SequenceClassification
+from infinity.tasks.sparse_embedding import SparseEmbedding
+from infinity.tasks.token_classification import STRATEGIES, TokenClassification, entities_for
+
+T = TypeVar("T", bound=Task)
+
+
+@dataclass
+class Parsed:
+    """A /predict body's inputs and parameters, checked: the core request plus what the answer needs."""
+    request: Request
+    params: dict[str, Any]
+    single: bool
+
+
+def texts_schema(limit: int) -> Schema:
+    return OneOf((Text(), Array(Text(), max_items=limit)), "a string or a list of strings")
+
+
+def one_or_many(answer: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a single input's answer, or of a list of them."""
+    return {"oneOf": [answer, {"type": "array", "items": answer, "minItems": 1}]}
+
+
+class Predict(Generic[T]):
+    """One task's /predict."""
+    # body fields beside "parameters" that TEI and huggingface_hub send at the top level of /predict
+    top_level: tuple[str, ...] = ()
+    # the hosted Inference API (and so huggingface_hub) wraps a single input's answer in a list of one
+    nests_single_answer: bool = False
+
+    def __init__(self, task: T) -> None:
+        self.task = task
+
+    def inputs(self, limit: int) -> Schema:
+        """The schema of `inputs`, at most `limit` of them per request."""
+        return texts_schema(limit)
+
+    def parameters(self) -> dict[str, Schema]:
+        """The task's own `parameters` (truncation is common to all and added by the route)."""
+        return {}
+
+    def answer_doc(self) -> dict[str, Any]:
+        """The JSON schema of a 200 answer."""
+        raise NotImplementedError
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        """Checked inputs and parameters -> the core request; params lack the keys the client left out."""
+        raise NotImplementedError
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        raise NotImplementedError
+
+
+class FeatureExtractionPredict(Predict[FeatureExtraction]):
+    top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision")
+
+    def inputs(self, limit: int) -> Schema:
+        similarity = Object({"source_sentence": Text(), "sentences": Array(Text(), max_items=limit - 1)},
+                            required=("source_sentence", "sentences"),
+                            description="sentence-similarity: cosine of each sentence with source_sentence")
+        return OneOf((Text(), Array(Text(), max_items=limit), similarity),
+                     'a string, a list of strings, or {"source_sentence": str, "sentences": [str, ...]}')
+
+    def parameters(self) -> dict[str, Schema]:
+        task = self.task
+        return {"normalize": Boolean(default=task.manifest.task.normalize,
+                                     description="scale each vector to unit length"),
+                "dimensions": task.dimensions_field(), "precision": task.precision_field(), **task.prompt_fields()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
+        # (two arms that match the same answer fail oneOf).
+        numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
+                   "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
+                                  "with source_sentence"}
+        return {"oneOf": [numbers, {"type": "array", "items": self.task.vector_doc(), "minItems": 1}]}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        task = self.task
+        options = {"normalize": params.get("normalize", task.manifest.task.normalize),
+                   "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict),
+                   "precision": params.get("precision", "float")}
+        name = params.get("prompt_name")
+        task.check_precision([options["precision"]])
+        if options["similarity"]:
+            texts = [inputs["source_sentence"], *inputs["sentences"]]
+            return Parsed(task.prompted(Request(texts), name), options, single=False)
+        if isinstance(inputs, str):
+            return Parsed(task.prompted(Request([inputs]), name), options, single=True)
+        return Parsed(task.prompted(Request(list(inputs)), name), options, single=False)
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        params = parsed.params
+        if params["similarity"]:
+            vectors = self.task.embed(rows, True, params["dimensions"])
+            return vectors[1:] @ vectors[0]
+        vectors = self.task.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
+        return vectors[0] if parsed.single else vectors
+
+
+class HybridEmbeddingPredict(FeatureExtractionPredict):
+    """The dense answer as feature-extraction gives it, beside the sparse and ColBERT ones `outputs` names."""
+    task: HybridEmbedding
+    top_level = (*FeatureExtractionPredict.top_level, "outputs", "top_k", "threshold")
+
+    def inputs(self, limit: int) -> Schema:
+        return texts_schema(limit)  # no sentence-similarity
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"outputs": Array(Choice(HEADS), max_items=len(HEADS), default=list(HEADS),
+                                 description="which embeddings each answer holds"),
+                **super().parameters(), **self.task.selection()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        task = self.task
+        one = {"type": "object", "properties": {"dense": task.vector_doc(), "sparse": SparseEmbedding.vector_doc(),
+                                                "colbert": task.token_doc()},
+               "description": "the embeddings `outputs` names"}
+        return one_or_many(one)
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        parsed = super().parse(inputs, params)
+        parsed.params.update(outputs=params.get("outputs", list(HEADS)), threshold=params.get("threshold", 0.0),
+                             top_k=params.get("top_k"))
+        return parsed
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        task, params, heads = self.task, parsed.params, parsed.params["outputs"]
+        by_head: dict[str, Any] = {}
+        if "dense" in heads:
+            by_head["dense"] = task.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
+        if "sparse" in heads:
+            by_head["sparse"] = task.sparse_answers(rows, encoded, params["threshold"], params["top_k"])
+        if "colbert" in heads:
+            by_head["colbert"] = task.token_answers(rows, encoded)
+        answers = [dict(zip(by_head, values)) for values in zip(*by_head.values())]
+        return answers[0] if parsed.single else answers
+
+
+class SparseEmbeddingPredict(Predict[SparseEmbedding]):
+    top_level = ("top_k", "threshold", "prompt_name")
+
+    def parameters(self) -> dict[str, Schema]:
+        return {**self.task.selection(), **self.task.prompt_fields()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        return one_or_many(self.task.vector_doc())
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return Parsed(self.task.prompted(Request(texts), params.get("prompt_name")), options, isinstance(inputs, str))
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        vectors = self.task.sparse_answers(rows, encoded, parsed.params["threshold"], parsed.params["top_k"])
+        return vectors[0] if parsed.single else vectors
+
+
+class MultiVectorPredict(Predict[MultiVectorEmbedding]):
+    top_level = ("input_type",)
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"input_type": self.task.role_field()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        return one_or_many(self.task.matrix_doc())
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        return Parsed(self.task.request(texts, params.get("input_type", "document")), {}, isinstance(inputs, str))
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        vectors = self.task.vectors(rows, encoded, parsed.request.role or "document")
+        return vectors[0] if parsed.single else vectors
+
+
+class RankingPredict(Predict[Ranking]):
+    top_level = ("raw_scores",)
+
+    def inputs(self, limit: int) -> Schema:
+        return Object({"query": Text(), "texts": Array(Text(), max_items=limit)}, required=("query", "texts"))
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
+                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
+                **self.task.instruction_field()}
+
+    def answer_doc(self) -> dict[str, Any]:
+        return self.task.ranking_doc()
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
+                   "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
+        request = self.task.pairs(inputs["query"], inputs["texts"], params.get("instruction"))
+        return Parsed(request, options, single=False)
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        params = parsed.params
+        return self.task.answer(rows, params["texts"], params["raw_scores"], params["top_n"], params["return_text"])
+
+
+FUNCTIONS = ("softmax", "sigmoid", "none")
+PAIR = Object({"text": Text(), "text_pair": Text()}, required=("text",), description="a text, or a text pair")
+TEI_PAIR = Array(Text(), length=2, description="[text, text_pair], as TEI's /predict takes a pair in a batch")
+
+
+def _text(item: Any) -> TextInput:
+    if isinstance(item, dict):
+        return (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
+    if isinstance(item, list):
+        return (item[0], item[1])
+    return str(item)
+
+
+class SequenceClassificationPredict(Predict[SequenceClassification]):
+    top_level = ("raw_scores",)
+    nests_single_answer = True
+
+    def inputs(self, limit: int) -> Schema:
+        batch = Array(OneOf((Text(), PAIR, TEI_PAIR), 'a string, {"text", "text_pair"} or [text, text_pair]'),
+                      max_items=limit)
+        return OneOf((Text(), PAIR, batch), 'a string, {"text": str, "text_pair": str}, or a list of those')
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"top_k": Integer(minimum=1, description="answer only the K most likely labels per input"),
+                "function_to_apply": Choice(FUNCTIONS, default=self.task.default_function),
+                "raw_scores": Boolean(default=False, description="same as function_to_apply=none (TEI)")}
+
+    def answer_doc(self) -> dict[str, Any]:
+        labels = {"type": "array", "items": {"type": "object", "required": ["label", "score"],
+                                             "properties": {"label": {"type": "string"},
+                                                            "score": {"type": "number"}}}}
+        return {"oneOf": [labels, {"type": "array", "items": labels}]}
+
+    def function(self, params: dict[str, Any]) -> str:
+        """The function applied to the logits, as the parameters name it."""
+        return "none" if params.get("raw_scores") else params.get("function_to_apply", self.task.default_function)
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"top_k": params.get("top_k"), "function_to_apply": self.function(params)}
+        if isinstance(inputs, list):
+            return Parsed(Request([_text(item) for item in inputs]), options, single=False)
+        return Parsed(Request([_text(inputs)]), options, single=True)
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        results = self.task.labelled(rows, parsed.params["function_to_apply"], parsed.params["top_k"])
+        return results[0] if parsed.single else results
+
+
+class TokenClassificationPredict(Predict[TokenClassification]):
+    def parameters(self) -> dict[str, Schema]:
+        return {"aggregation_strategy": Choice(STRATEGIES, default="simple", case_insensitive=True),
+                "ignore_labels": Array(Text(allow_blank=True), min_items=0, default=["O"])}
+
+    def answer_doc(self) -> dict[str, Any]:
+        def entity(grouped: bool) -> dict[str, Any]:
+            properties: dict[str, Any] = {"score": {"type": "number"}, "word": {"type": "string"},
+                                          "start": {"type": "integer"}, "end": {"type": "integer"}}
+            if grouped:
+                properties["entity_group"] = {"type": "string"}
+            else:
+                properties.update(entity={"type": "string"}, index={"type": "integer"})
+            return {"type": "object", "properties": properties, "required": list(properties),
+                    "additionalProperties": False}
+
+        entities = {"type": "array", "items": {"oneOf": [entity(True), entity(False)]}}
+        # anyOf: a single text with no entities answers [], which is also an empty list of lists
+        return {"anyOf": [entities, {"type": "array", "items": entities}]}
+
+    def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
+        options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
+                   "ignore_labels": params.get("ignore_labels", ["O"])}
+        if isinstance(inputs, str):
+            return Parsed(Request([inputs]), options, single=True)
+        return Parsed(Request(inputs), options, single=False)
+
+    def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
+        task = self.task
+        labels = {i: task.labels.get(i, f"LABEL_{i}") for i in range(rows.shape[-1])}
+        results = [entities_for(str(text), probs, enc, labels, parsed.params["aggregation_strategy"],
+                                parsed.params["ignore_labels"], task.vocabulary)
+                   for probs, enc, text in zip(rows, encoded, parsed.request.texts)]
+        return results[0] if parsed.single else results
+
+
+BY_TASK: dict[str, type[Predict[Any]]] = {
+    FeatureExtraction.name: FeatureExtractionPredict, HybridEmbedding.name: HybridEmbeddingPredict,
+    SparseEmbedding.name: SparseEmbeddingPredict, MultiVectorEmbedding.name: MultiVectorPredict,
+    Ranking.name: RankingPredict, SequenceClassification.name: SequenceClassificationPredict,
+    TokenClassification.name: TokenClassificationPredict,
+}
+
+
+def predict_for(task: Task) -> Predict[Any]:
+    return BY_TASK[task.name](task)
