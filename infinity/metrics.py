@@ -40,6 +40,10 @@ class Metrics:
         self.batch_size = Histogram("infinity_batch_size", "Rows per batch.", buckets=ROWS, registry=registry)
         self.batch_tokens = Histogram("infinity_batch_tokens", "Padded tokens (rows x longest) per batch.",
                                       buckets=TOKENS, registry=registry)
+        self.padded_tokens = Counter("infinity_padded_tokens", "Tokens the engine ran, padding included (rows x "
+                                     "longest of each batch); over infinity_real_tokens: the padding's share.",
+                                     registry=registry)
+        self.real_tokens = Counter("infinity_real_tokens", "The inputs' own tokens the engine ran.", registry=registry)
         self.requests = Counter("infinity_requests", "Inference requests by route and HTTP status.",
                                 ("route", "status"), registry=registry)
         self.failures = Counter("infinity_failures", "Failed requests by route and error type.",

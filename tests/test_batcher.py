@@ -99,7 +99,50 @@ def test_waiting_requests_share_a_batch_within_row_and_token_budgets() -> None:
     run(main)
 
 
-def test_token_requests_are_batched_only_with_token_requests_in_queue_order() -> None:
+def test_a_batch_takes_the_queued_entries_nearest_its_oldest_ones_length() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, reports = make(step, max_batch_size=2)
+        step.hold()
+        first = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        lengths = (30, 3, 31, 4)  # in queue order, the short and the long interleaved
+        queued = [asyncio.ensure_future(batcher.submit([item(length, n)])) for n, length in enumerate(lengths, 2)]
+        await until(lambda: batcher.depth == len(lengths))
+        step.release.set()
+        outcomes = await asyncio.gather(first, *queued)
+        await batcher.close(1.0)
+        assert step.batches == [[(1, 2)], [(2, 30), (4, 31)], [(3, 3), (5, 4)]]
+        assert [o.rows[0, 0] for o in outcomes] == [1, 2, 3, 4, 5]  # each its own answer
+        assert sum(r.tokens for r in reports) == 2 + 62 + 8 and sum(r.real_tokens for r in reports) == 2 + 61 + 7
+
+    run(main)
+
+
+def test_a_long_entry_waits_only_for_the_entries_ahead_of_it_and_never_pads_short_ones() -> None:
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, reports = make(step, max_batch_size=4)
+        step.hold()
+        first = asyncio.ensure_future(batcher.submit([item(2, 1)]))
+        await until(step.entered.is_set)
+        # three short entries, a long one, short ones behind it: the long one is never the nearest length
+        lengths = [10] * 3 + [40] + [10] * 5
+        queued = [asyncio.ensure_future(batcher.submit([item(length, n)])) for n, length in enumerate(lengths, 2)]
+        await until(lambda: batcher.depth == len(lengths))
+        step.release.set()
+        await asyncio.gather(first, *queued)
+        await batcher.close(1.0)
+        # the first batch after the held one is the three ahead of it and one from behind; then the long one alone
+        assert [[marker for marker, _ in batch] for batch in step.batches] == [[1], [2, 3, 4, 6], [5], [7, 8, 9, 10]]
+        assert all(r.tokens <= max(1.1 * r.real_tokens, r.real_tokens + 16) for r in reports)
+
+    run(main)
+
+
+def test_token_requests_are_batched_only_with_token_requests() -> None:
     step = FakeStep()
 
     async def main() -> None:
@@ -113,8 +156,9 @@ def test_token_requests_are_batched_only_with_token_requests_in_queue_order() ->
         step.release.set()
         await asyncio.gather(first, *queued)
         await batcher.close(1.0)
-        assert step.kinds == [False, False, True, False, True]
-        assert [[marker for marker, _ in batch] for batch in step.batches] == [[1], [2], [3, 4], [5, 6], [7]]
+        # each batch takes the queued entries of its oldest one's kind, past those of the other kind
+        assert step.kinds == [False, False, True]
+        assert [[marker for marker, _ in batch] for batch in step.batches] == [[1], [2, 5, 6], [3, 4, 7]]
 
     run(main)
 

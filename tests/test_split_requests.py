@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.servers import WAIT, running
+from tests.servers import WAIT, metric, running
 
 TOPICS = ["the weather in Lyon", "a broken bicycle", "quarterly revenue", "a recipe for bread", "Anna in Berlin"]
 
@@ -30,9 +30,12 @@ def test_a_thousand_inputs_are_answered_whole_and_one_more_is_refused(minilm_fp3
                  "--max-inputs-per-request", "1000") as server:
         whole = post(server.url + "/embed", {"inputs": many})
         small = [post(server.url + "/embed", {"inputs": many[start:start + 16]}) for start in range(0, 1000, 100)]
+        padded, real = metric(server, "infinity_padded_tokens_total"), metric(server, "infinity_real_tokens_total")
         refused = post(server.url + "/embed", {"inputs": [*many, "one more"]})
         openai = post(server.url + "/v1/embeddings", {"input": many[:40]})
     assert whole.status_code == 200, whole.text[:300]
+    # the parts of a request are cut from its inputs sorted by length: little of each batch is padding
+    assert real > 0 and padded / real <= 1.1, (padded, real)
     vectors = np.array(whole.json())
     assert vectors.shape == (1000, 384)
     for start, answer in zip(range(0, 1000, 100), small):
@@ -67,3 +70,15 @@ def test_split_token_rows_and_rankings_match_unsplit_answers(artifact_for: Any, 
     assert [row["index"] for row in ranked.json()] == sorted(range(7), key=lambda i: -each[i])
     np.testing.assert_allclose(sorted((row["score"] for row in ranked.json()), reverse=True),
                                sorted(each, reverse=True), atol=1e-5)
+
+
+def test_per_token_int8_answers_a_mixed_request_bit_identically_to_each_input_alone(minilm_int8_artifact: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The inputs are sorted by length, cut into parts and joined with other requests' parts: with per-token
+    INT8 no answer may depend on that, nor on the client's order coming back."""
+    many = texts(70)[::-1]  # longest first, so the parts run in another order than the client's
+    with running(minilm_int8_artifact, tmp_path / "server.log", "--max-batch-size", "8") as server:
+        whole = post(server.url + "/embed", {"inputs": many})
+        alone = [post(server.url + "/embed", {"inputs": text}).json()[0] for text in many[::7]]
+    assert whole.status_code == 200, whole.text[:300]
+    np.testing.assert_array_equal(np.array(whole.json())[::7], np.array(alone))

@@ -1,8 +1,10 @@
 """One queue, one engine thread: batches by padded tokens and rows, never waits for company.
 
-Every entry taken into a batch gets its rows or the batch's error; if the thread stops, every
-entry still queued is failed, so no caller can wait forever. While the engine is idle, a caller
-may run one request on its own thread instead (`run_here`).
+A batch starts with the oldest entry and is filled with the queued entries nearest its length, as long as little
+of it is padding, so rows of like lengths run together; since every batch takes the oldest, no entry waits for more
+batches than there are entries ahead of it. Every entry taken into a batch gets its rows or the batch's error; if
+the thread stops, every entry still queued is failed, so no caller can wait forever. While the engine is idle, a
+caller may run one request on its own thread instead (`run_here`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ log = logging.getLogger("infinity.batcher")
 Step = Callable[[list[Encoded], bool], np.ndarray]  # (rows, tokens: every token's vector) -> answers
 
 
+# A batch takes no row that would make it more than this share padding (padded over real tokens), beyond a few
+# padded tokens any batch may carry (a short text's padding costs less than running it in a batch of its own)
+PADDING_SHARE = 1.1
+PADDING_ALLOWED = 16
+
+
 def padded_tokens(items: list[Encoded]) -> int:
     """What a batch of these rows costs the engine: rows x the longest row."""
     return len(items) * max(len(item) for item in items)
@@ -41,9 +49,10 @@ class Outcome:
 @dataclass
 class BatchReport:
     size: int
-    tokens: int
+    tokens: int  # padded: rows x the longest row
     seconds: float
     error: InfinityError | None = None
+    real_tokens: int = 0  # the rows' own tokens
 
 
 @dataclass(eq=False)
@@ -57,6 +66,10 @@ class _Entry:
     @property
     def longest(self) -> int:
         return max(len(item) for item in self.items)
+
+    @property
+    def real(self) -> int:
+        return sum(len(item) for item in self.items)
 
 
 Answer = tuple[_Entry, Outcome | None, BaseException | None]
@@ -87,6 +100,28 @@ def _deliver(answers: list[Answer]) -> None:
 def overfull(rows: int, longest: int, max_batch_size: int, max_batch_tokens: int) -> bool:
     """More rows than max_batch_size, or more padded tokens (rows x longest) than max_batch_tokens."""
     return rows > max_batch_size or rows * longest > max_batch_tokens
+
+
+def mostly_padding(rows: int, longest: int, real: int) -> bool:
+    """More of a batch is padding than PADDING_SHARE and PADDING_ALLOWED let it be."""
+    return rows * longest > max(PADDING_SHARE * real, real + PADDING_ALLOWED)
+
+
+def parts(items: list[Encoded], max_rows: int) -> list[list[int]]:
+    """One request's inputs, shortest first, cut into runs that each fill at most a batch with little padding:
+    the batcher joins runs of like lengths, from this request and others."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    runs: list[list[int]] = []
+    real = 0
+    for i in order:
+        run = runs[-1] if runs else []
+        if not run or len(run) >= max_rows or mostly_padding(len(run) + 1, len(items[i]), real + len(items[i])):
+            runs.append([i])
+            real = len(items[i])
+        else:
+            run.append(i)
+            real += len(items[i])
+    return runs
 
 
 class Batcher:
@@ -199,18 +234,29 @@ class Batcher:
                 self._cond.wait()
             if self._stop:
                 return None
-            batch: list[_Entry] = []
-            rows = longest = 0
-            while self._queue:
-                entry = self._queue[0]
-                grown_rows, grown_longest = rows + len(entry.items), max(longest, entry.longest)
-                if batch and (entry.tokens != batch[0].tokens or overfull(
-                        grown_rows, grown_longest, self.max_batch_size, self.max_batch_tokens)):
-                    break
-                batch.append(self._queue.popleft())
-                rows, longest = grown_rows, grown_longest
+            batch = self._fill()
             self._running = batch
             return batch
+
+    def _fill(self) -> list[_Entry]:
+        """The oldest entry, then the queued entries nearest its length, while they fit the batch's rows and padded
+        tokens and leave it little padding."""
+        head = self._queue.popleft()
+        batch, rows, longest, real = [head], len(head.items), head.longest, head.real
+        nearest = sorted((entry for entry in self._queue if entry.tokens == head.tokens),
+                         key=lambda entry: abs(entry.longest - head.longest))
+        for entry in nearest:
+            grown_rows, grown_longest = rows + len(entry.items), max(longest, entry.longest)
+            if overfull(grown_rows, grown_longest, self.max_batch_size, self.max_batch_tokens) or mostly_padding(
+                    grown_rows, grown_longest, real + entry.real):
+                continue
+            batch.append(entry)
+            rows, longest, real = grown_rows, grown_longest, real + entry.real
+        taken = set(map(id, batch))
+        remaining = [entry for entry in self._queue if id(entry) not in taken]
+        self._queue.clear()
+        self._queue.extend(remaining)
+        return batch
 
     def run_here(self, items: list[Encoded], tokens: bool = False) -> Outcome | None:
         """Run one request's rows on the calling thread, if the engine is idle and accepting: no hand-off to
@@ -227,7 +273,7 @@ class Batcher:
 
     def _step(self, items: list[Encoded], tokens: bool) -> tuple[np.ndarray, float, float, int]:
         """The model on one batch, its errors mapped and reported: (rows, start, seconds, padded tokens)."""
-        padded = padded_tokens(items)
+        padded, real = padded_tokens(items), sum(len(item) for item in items)
         started = time.perf_counter()
         try:
             rows = self.step(items, tokens)
@@ -236,12 +282,12 @@ class Batcher:
         except BaseException as exc:
             error = exc if isinstance(exc, InfinityError) else BackendError(str(exc) or repr(exc))
             log.error("batch of %d failed: %s", len(items), error)
-            self._report(BatchReport(len(items), padded, time.perf_counter() - started, error))
+            self._report(BatchReport(len(items), padded, time.perf_counter() - started, error, real))
             if not isinstance(exc, Exception):
                 raise
             raise error from None
         seconds = time.perf_counter() - started
-        self._report(BatchReport(len(items), padded, seconds))
+        self._report(BatchReport(len(items), padded, seconds, real_tokens=real))
         return rows, started, seconds, padded
 
     def _execute(self, batch: list[_Entry]) -> None:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens
+from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens, parts
 from infinity.engine.model import LoadedModel
 from infinity.engine.tokenization import Encoded, InputTooLong
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, TooLong, ValidationError
@@ -163,11 +163,14 @@ class Service:
                                   f"{self.settings.max_inputs_per_request} (--max-inputs-per-request)")
         encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
         tokenized = time.perf_counter()
-        part = self.settings.max_batch_size
+        runs = parts(encoded, self.settings.max_batch_size) if len(encoded) > 1 else [[0]]
         outcome: Outcome | None = None
-        if len(encoded) > part:
-            outcome = joined(await self.batcher.submit_parts(
-                [encoded[start:start + part] for start in range(0, len(encoded), part)], tokens=request.tokens))
+        if len(runs) > 1:
+            # each run pads to its own longest input, and the batcher joins runs of like lengths
+            outcome = joined(await self.batcher.submit_parts([[encoded[i] for i in run] for run in runs],
+                                                             tokens=request.tokens))
+            order = np.concatenate(runs)
+            outcome.rows = outcome.rows[np.argsort(order, kind="stable")]  # the client's order again
         elif self._lone(encoded, tokenized):
             outcome = self.batcher.run_here(encoded, request.tokens)
         if outcome is None:
@@ -202,6 +205,8 @@ class Service:
     def _on_batch(self, report: BatchReport) -> None:
         self.metrics.batch_size.observe(report.size)
         self.metrics.batch_tokens.observe(report.tokens)
+        self.metrics.padded_tokens.inc(report.tokens)
+        self.metrics.real_tokens.inc(report.real_tokens)
         self.metrics.inference.observe(report.seconds)
         if report.error is not None:
             self.healthy = False
