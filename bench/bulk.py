@@ -2,7 +2,7 @@
 clients at once, to this server and (optionally) a peer server, one at a time, in the same run.
 
     python -m bench.bulk ARTIFACT [--model MODEL_DIR] [--batch 64] [--clients 2] [--rounds 3] [--corpus FILE]
-                         [--peer "COMMAND with {port} and {model}" --peer-path /embeddings --peer-model DIR]
+                         [--peer "COMMAND with {port}" --peer-path /embeddings --peer-dir DIR]
 
 Each round starts every server afresh, in a shuffled order, and times the whole corpus: from the first request to
 the last answer. Reported per server: seconds, real tokens per second (the artifact's tokenizer, cut at its maximum
@@ -122,9 +122,9 @@ def ours(artifact: Path, job: Job, threads: int | None, sample: list[int]) -> Ru
         server.stop()
 
 
-def peer(command: str, path: str, model: Path, job: Job) -> Run:
+def peer(command: str, path: str, directory: Path | None, job: Job) -> Run:
     port = free_port()
-    server = Server(shlex.split(command.format(port=port, model=model)), port)
+    server = Server(shlex.split(command.format(port=port)), port, cwd=directory)
     try:
         server.wait_ready(600, path="/health")
         seconds, vectors, errors = asyncio.run(send_all(port, path, job))
@@ -167,9 +167,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--peer", default=None, help="the peer server's command, with {port} and {model}")
+    parser.add_argument("--peer", default=None, help="the peer server's command, with {port} (bench/peer.py)")
     parser.add_argument("--peer-path", default="/embeddings")
-    parser.add_argument("--peer-model", type=Path, default=None, help="the directory the peer serves")
+    parser.add_argument("--peer-dir", type=Path, default=None, help="where the peer starts (its model directory)")
     args = parser.parse_args()
     texts = load_corpus(args.corpus) if args.corpus else build_corpus()
     job = Job(texts, args.batch, args.clients)
@@ -186,7 +186,7 @@ def main() -> None:
         random.Random(round_).shuffle(order)
         for name in order:
             run = ours(args.artifact, job, args.threads, sample) if name == "ours" else peer(
-                args.peer, args.peer_path, args.peer_model or args.model, job)
+                args.peer, args.peer_path, args.peer_dir, job)
             runs[name].append(run)
             cos = cosine_min(run.vectors, expected) if expected is not None else float("nan")
             print(f"round {round_ + 1} {name}: {run.seconds:.2f} s, {tokens / run.seconds:,.0f} tokens/s, cosine_min "

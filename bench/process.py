@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -23,13 +24,13 @@ def cpu_list(text: str) -> set[int]:
 
 
 class Server:
-    def __init__(self, command: list[str], port: int, cpus: set[int] | None = None) -> None:
-        """cpus: the only CPUs the server's threads may run on (all of them where None)."""
+    def __init__(self, command: list[str], port: int, cpus: set[int] | None = None, cwd: Path | None = None) -> None:
+        """cpus: the only CPUs the server's threads may run on (all of them where None); cwd: where it starts."""
         self.port = port
         env = {**os.environ, "INFINITY_ALLOW_FAILED_PARITY": "true", "INFINITY_ALLOW_CPU_MISMATCH": "true"}
         pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        preexec_fn=pin)
+                                        preexec_fn=pin, cwd=cwd)
 
     def wait_ready(self, seconds: float = 120, path: str = "/health/ready") -> None:
         import urllib.request

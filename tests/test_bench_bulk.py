@@ -1,0 +1,17 @@
+"""The bulk benchmark against a real server: a slice of the corpus in multi-text OpenAI requests from two clients."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.bulk import Job, cosine_min, ours, reference
+from bench.corpus import build
+from tests.models import minilm_dir
+
+
+def test_a_bulk_run_reports_every_answer_faithful_little_padding_and_alone_as_batched(minilm_int8_artifact: Path):
+    texts = build(count=160)
+    run = ours(minilm_int8_artifact, Job(texts, batch=32, clients=2), threads=1, sample=list(range(0, 160, 9)))
+    assert not run.errors and run.vectors.shape == (160, 384)
+    assert cosine_min(run.vectors, reference(minilm_dir(), texts)) >= 0.99
+    assert run.alone_identical is True
+    assert run.padded_per_real is not None and run.padded_per_real <= 1.1, run.padded_per_real
