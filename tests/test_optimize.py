@@ -239,12 +239,13 @@ def test_the_task_comes_from_the_directory_where_it_says_which(artifacts, tmp_pa
     assert detect_task(str(artifacts.source("token-classification")))[0] == "token-classification"
 
 
-def test_a_sparse_encoder_directory_is_optimized_as_sparse_without_being_told(artifacts, tmp_path):
+def test_the_cli_says_which_task_it_read_from_the_directory_and_why(artifacts, tmp_path):
+    # stopped right after: cuda offers no INT8, which the pipeline refuses before it loads the model
     run = subprocess.run([sys.executable, "-m", "optimize", "optimize", str(artifacts.source("splade-tiny")),
-                          "--precision", "fp32", "--out", str(tmp_path / "splade")], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert "task sparse-embedding, from its modules.json" in run.stdout
-    assert Manifest.load(tmp_path / "splade").source.task == "sparse-embedding"
+                          "--target", "cuda", "--precision", "int8", "--out", str(tmp_path / "splade")],
+                         capture_output=True, text=True)
+    assert "multiverse: task sparse-embedding, from its modules.json" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 2 and "cuda offers precisions fp16, fp32, not int8" in run.stderr
     refused = subprocess.run([sys.executable, "-m", "optimize", "optimize",
                               str(artifacts.source("sequence-classification")), "--out", str(tmp_path / "x")],
                              capture_output=True, text=True)
