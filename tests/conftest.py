@@ -12,6 +12,11 @@ from filelock import FileLock
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# xdist workers share the cores: torch's OpenMP threads, a pool per worker that spins while it waits, would take
+# turns at each other's cores (a third slower on 2 cores); each worker's torch gets its share of them
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // WORKERS)))
 
 from tests.models import (  # noqa: E402
     build_minilm_head,
@@ -140,3 +145,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
