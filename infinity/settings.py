@@ -39,9 +39,14 @@ class Settings:
     max_batch_size: int = option(32, "rows per batch")
     max_queue: int = option(128, "requests waiting for the engine before new ones get 429")
     max_inputs_per_request: int = option(512, "texts in one request; a request with more than max_batch_size is "
-                                              "run as parts of at most that many, queued together, and answered "
-                                              "whole; more than this: 413")
+                                              "run as parts of at most that many, cut from its inputs sorted by "
+                                              "length, queued together, and answered whole; more than this: 413")
     max_payload_bytes: int = option(1_000_000, "request body limit in bytes")
+    chunk_long_inputs: bool = option(False, "embed a text longer than the model's maximum length whole, in windows of "
+                                            "that length, their pooled vectors averaged by token count (dense "
+                                            "embeddings; a request's chunking field overrides it)")
+    chunk_overlap: int = option(0, "tokens each window repeats from the end of the one before it, with chunking")
+    max_chunks_per_input: int = option(64, "windows one text may take with chunking; more is answered 413")
     tokenizer_workers: int = option(2, "threads that tokenize and post-process")
     drain_timeout: float = option(30.0, "seconds to finish in-flight requests after SIGTERM")
     retry_after: int = option(1, "seconds sent in Retry-After with 429; the refused connection is not read again "
@@ -82,13 +87,16 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_inputs_per_request",
-                     "max_payload_bytes", "tokenizer_workers", "retry_after", "spin_wait_us"):
+                     "max_payload_bytes", "tokenizer_workers", "retry_after", "spin_wait_us",
+                     "max_chunks_per_input"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be between 0 and 65535")
         if self.spin_wait_us > 1_000_000:
             raise ValueError("spin_wait_us must be at most 1000000 (one second)")
+        if self.chunk_overlap < 0:
+            raise ValueError("chunk_overlap must not be negative")
         if self.lone_request_tokens < 0:
             raise ValueError("lone_request_tokens must not be negative")
         if self.threads is not None and self.threads < 1:

@@ -82,6 +82,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
         "truncate": Choice(tuple(TRUNCATE), default="END", case_insensitive=True,
                            description="NONE answers 422 for inputs past the model's maximum length"),
         "output_dimension": task.dimensions_field(),
+        **task.chunking_fields(),
         "max_tokens": Integer(minimum=1, description="accepted and ignored: inputs are cut at the model's maximum "
                                                      "length"),
     }, required=("texts",))
@@ -96,7 +97,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             kinds = list(dict.fromkeys(kinds or ["float"]))
             normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
             task.check_precision(kinds)
-            request = truncated(Request(list(texts)), TRUNCATE[body["truncate"]])
+            request = truncated(Request(list(texts), chunk=body.get("chunking")), TRUNCATE[body["truncate"]])
             request = task.prompted(request, prompt_for(task, body.get("input_type")))
 
             def render(result: Result) -> Any:

@@ -221,6 +221,8 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
         headers.update({"x-compute-time": _ms(timings.compute_s), "x-tokenization-time": _ms(timings.tokenization_s),
                         "x-queue-time": _ms(timings.queue_s), "x-inference-time": _ms(timings.inference_s),
                         "x-compute-tokens": str(result.tokens)})  # type: ignore[union-attr]
+        if result.windows is not None:  # type: ignore[union-attr]
+            headers["x-compute-windows"] = str(result.windows)  # type: ignore[union-attr]
     else:
         headers["x-compute-time"] = _ms(done - answered)
     service.metrics.request.labels(endpoint.path).observe(done - started)

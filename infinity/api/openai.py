@@ -59,6 +59,7 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
         # not OpenAI's: the python client sends these with extra_body
         "precision": task.precision_field(),
         **task.prompt_fields(),
+        **task.chunking_fields(),
     }, required=("input",))
 
 
@@ -91,7 +92,9 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) 
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
-        return task.prompted(_request(body["input"]), body.get("prompt_name")), render
+        request = _request(body["input"])
+        request.chunk = body.get("chunking")
+        return task.prompted(request, body.get("prompt_name")), render
 
     vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {

@@ -8,7 +8,10 @@ from infinity.api.endpoint import Endpoint
 TIMING = {"schema": {"type": "number"}, "description": "milliseconds"}
 HEADERS = {**{name: TIMING for name in ("x-compute-time", "x-tokenization-time", "x-queue-time",
                                         "x-inference-time", "x-total-time")},
-           "x-compute-tokens": {"schema": {"type": "integer"}, "description": "tokens run, padding excluded"}}
+           "x-compute-tokens": {"schema": {"type": "integer"}, "description": "tokens run, padding excluded"},
+           "x-compute-windows": {"schema": {"type": "integer"},
+                                 "description": "windows the texts ran in, where they were embedded whole in windows "
+                                                "(--chunk-long-inputs or the request's chunking)"}}
 
 
 def _operation(endpoint: Endpoint, secured: bool) -> dict[str, Any]:

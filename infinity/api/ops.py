@@ -71,6 +71,8 @@ async def info(request: HTTPRequest) -> Response:
         "batching": {"max_batch_tokens": settings.max_batch_tokens, "max_batch_size": settings.max_batch_size,
                      "max_queue": settings.max_queue, "max_inputs_per_request": settings.max_inputs_per_request,
                      "max_payload_bytes": settings.max_payload_bytes, "threads": settings.threads},
+        "chunking": {"long_inputs": settings.chunk_long_inputs, "overlap": settings.chunk_overlap,
+                     "max_chunks_per_input": settings.max_chunks_per_input} if service.model.task.windowed else None,
         "auth": {"api_keys": bool(settings.api_keys), "public_metadata": settings.public_metadata},
     })
 

@@ -70,7 +70,7 @@ class Predict(Generic[T]):
 
 
 class FeatureExtractionPredict(Predict[FeatureExtraction]):
-    top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision")
+    top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision", "chunking")
 
     def inputs(self, limit: int) -> Schema:
         similarity = Object({"source_sentence": Text(), "sentences": Array(Text(), max_items=limit - 1)},
@@ -83,7 +83,8 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
         task = self.task
         return {"normalize": Boolean(default=task.manifest.task.normalize,
                                      description="scale each vector to unit length"),
-                "dimensions": task.dimensions_field(), "precision": task.precision_field(), **task.prompt_fields()}
+                "dimensions": task.dimensions_field(), "precision": task.precision_field(), **task.prompt_fields(),
+                **task.chunking_fields()}
 
     def answer_doc(self) -> dict[str, Any]:
         # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
@@ -98,14 +99,14 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
         options = {"normalize": params.get("normalize", task.manifest.task.normalize),
                    "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict),
                    "precision": params.get("precision", "float")}
-        name = params.get("prompt_name")
+        name, chunk = params.get("prompt_name"), params.get("chunking")
         task.check_precision([options["precision"]])
         if options["similarity"]:
             texts = [inputs["source_sentence"], *inputs["sentences"]]
-            return Parsed(task.prompted(Request(texts), name), options, single=False)
+            return Parsed(task.prompted(Request(texts, chunk=chunk), name), options, single=False)
         if isinstance(inputs, str):
-            return Parsed(task.prompted(Request([inputs]), name), options, single=True)
-        return Parsed(task.prompted(Request(list(inputs)), name), options, single=False)
+            return Parsed(task.prompted(Request([inputs], chunk=chunk), name), options, single=True)
+        return Parsed(task.prompted(Request(list(inputs), chunk=chunk), name), options, single=False)
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         params = parsed.params

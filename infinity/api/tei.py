@@ -31,7 +31,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
                      "dimensions": task.dimensions_field(), "precision": task.precision_field(),
-                     **task.prompt_fields(), **truncation()}, required=("inputs",))
+                     **task.prompt_fields(), **task.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = listed(body["inputs"])
@@ -40,7 +40,8 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
         def render(result: Result) -> Any:
             return task.answer_vectors(result.rows, body["precision"], body["normalize"], body.get("dimensions"))
 
-        return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
+        return task.prompted(truncated(Request(texts, chunk=body.get("chunking")), body), body.get("prompt_name")), \
+            render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)

@@ -47,6 +47,10 @@ class LoadedModel:
                                       max_length=request.max_length)
         return self.task.encoded(request, items)
 
+    def windows(self, request: Request, overlap: int) -> list[list[Encoded]]:
+        """Each text of the request whole, in windows of the model's maximum length."""
+        return self.tokenizer.windows(request.texts, overlap)
+
     def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:
         """Engine + batch-level reduction over one padded batch; `tokens`: every token's vector instead."""
         batch = pad_batch(encoded, self.tokenizer.pad_id)

@@ -64,7 +64,18 @@ def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedMod
         raise StartupError(f"the {model.manifest.target.name!r} target needs {wanted}, which onnxruntime could "
                            "not create here (no GPU, or its CUDA libraries are missing)")
     check_max_length(model)
+    check_chunking(model, settings)
     return model
+
+
+def check_chunking(model: LoadedModel, settings: Settings) -> None:
+    if settings.chunk_long_inputs and not model.task.windowed:
+        raise StartupError(f"--chunk-long-inputs embeds long texts in windows for dense embeddings whose pooling runs "
+                           f"in the server; this artifact serves {model.task.name}"
+                           + (" and pools in its graph" if model.task.name == "feature-extraction" else ""))
+    if model.task.windowed and settings.chunk_overlap >= model.tokenizer.window_tokens():
+        raise StartupError(f"--chunk-overlap {settings.chunk_overlap} leaves no new tokens in a window of "
+                           f"{model.tokenizer.window_tokens()} (the model's maximum length less its special tokens)")
 
 
 def check_max_length(model: LoadedModel) -> None:

@@ -48,8 +48,9 @@ class Timings:
 class Result:
     """The task-reduced rows of one request, aligned with its inputs."""
     rows: np.ndarray
-    encoded: list[Encoded]
+    encoded: list[Encoded]  # every window's, where texts ran in windows
     timings: Timings
+    windows: int | None = None  # how many windows the texts ran in, where they did
 
     @property
     def tokens(self) -> int:
@@ -161,7 +162,12 @@ class Service:
         if request.size > self.settings.max_inputs_per_request:
             raise PayloadTooLarge(f"{request.size} inputs in one request; the limit is "
                                   f"{self.settings.max_inputs_per_request} (--max-inputs-per-request)")
-        encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
+        windows = None
+        if self._chunked(request):
+            windows = await self.offload(self._windows, request, small=request.chars <= INLINE_CHARS)
+            encoded = [window for text in windows for window in text]
+        else:
+            encoded = await self.offload(self._encode, request, small=request.chars <= INLINE_CHARS)
         tokenized = time.perf_counter()
         runs = parts(encoded, self.settings.max_batch_size) if len(encoded) > 1 else [[0]]
         outcome: Outcome | None = None
@@ -179,7 +185,9 @@ class Service:
                           inference_s=outcome.inference_s)
         self.metrics.tokenization.observe(timings.tokenization_s)
         self.metrics.queue.observe(timings.queue_s)
-        return Result(outcome.rows, encoded, timings)
+        if windows is None:
+            return Result(outcome.rows, encoded, timings)
+        return Result(self.model.task.joined_windows(outcome.rows, windows), encoded, timings, windows=len(encoded))
 
     async def offload(self, work: Callable[..., T], *args: Any, small: bool) -> T:
         """Small work runs on the event loop (cheaper than two thread hops); larger work in the worker pool."""
@@ -193,6 +201,24 @@ class Service:
         thread again, where the next ones are read and tokenized while a batch runs."""
         return (now - self.overlapped > LONE_S and self.in_flight <= 1
                 and padded_tokens(encoded) <= self.settings.lone_request_tokens)
+
+    def _chunked(self, request: Request) -> bool:
+        """Texts past the maximum length run whole, in windows: pooled embeddings of texts, as the request or else
+        the server says."""
+        chunk = self.settings.chunk_long_inputs if request.chunk is None else request.chunk
+        return chunk and request.token_ids is None and not request.tokens
+
+    def _windows(self, request: Request) -> list[list[Encoded]]:
+        try:
+            windows = self.model.windows(request, self.settings.chunk_overlap)
+        except Exception as exc:  # tokenizers rejects some strings (lone surrogates) with its own errors
+            raise ValidationError(f"could not tokenize the inputs: {exc}") from None
+        limit = self.settings.max_chunks_per_input
+        for index, text in enumerate(windows):
+            if len(text) > limit:
+                raise PayloadTooLarge(f"input {index} takes {len(text)} windows of {self.model.tokenizer.max_length} "
+                                      f"tokens; the limit is {limit} (--max-chunks-per-input)")
+        return windows
 
     def _encode(self, request: Request) -> list[Encoded]:
         try:

@@ -61,7 +61,7 @@ class TextTokenizer:
             raise ValueError(f"the prompt around each text takes {max_length - room} tokens, the whole maximum length")
         self._path = str(path)
         self._lock = threading.Lock()
-        self._truncating: dict[tuple[str, int], Tokenizer] = {}
+        self._truncating: dict[tuple[str, int], Tokenizer] = {}  # (direction or "windows", length or overlap)
         for direction in ("right", "left"):
             self._cutter(direction, max_length)
 
@@ -100,6 +100,31 @@ class TextTokenizer:
         return Encoded(ids=[*prefix, *item.ids, *suffix], type_ids=[0] * (len(prefix) + len(item) + len(suffix)),
                        offsets=[(0, 0)] * len(prefix) + item.offsets + [(0, 0)] * len(suffix),
                        special=[1] * len(prefix) + item.special + [1] * len(suffix))
+
+    def window_tokens(self) -> int:
+        """How many of a text's own tokens one window holds: the maximum length less the special tokens and frame."""
+        processor = self._full.post_processor
+        specials = processor.num_special_tokens_to_add(False) if processor is not None else 0
+        return self.max_length - len(self._frame[0]) - len(self._frame[1]) - specials
+
+    def windows(self, texts: list[TextInput], overlap: int = 0) -> list[list[Encoded]]:
+        """Each text whole, as consecutive windows of the model's maximum length with the special tokens around
+        each, the next repeating the last `overlap` tokens of the one before; a text that fits is one window, the
+        encoding `encode` gives it."""
+        if not 0 <= overlap < self.window_tokens():
+            raise ValueError(f"an overlap of {overlap} tokens leaves no new tokens in a window of "
+                             f"{self.window_tokens()}")
+        key = ("windows", overlap)
+        tokenizer = self._truncating.get(key)
+        if tokenizer is None:
+            with self._lock:
+                tokenizer = Tokenizer.from_file(self._path)
+                tokenizer.no_padding()
+                tokenizer.enable_truncation(self.max_length - len(self._frame[0]) - len(self._frame[1]),
+                                            stride=overlap, strategy="longest_first", direction="right")
+                self._truncating[key] = tokenizer
+        return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
+                for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
 
     def from_ids(self, token_ids: list[list[int]]) -> list[Encoded]:
         """Token ids run exactly as given (no special tokens added), after checking the model can take them."""

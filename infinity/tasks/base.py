@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
+from infinity.errors import ValidationError
 from infinity.manifest import Manifest
 
 DIRECTIONS = ("right", "left")
@@ -23,6 +24,7 @@ class Request:
     tokens: bool = False  # answer every token's vector, not the task's reduction of them
     max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
     role: str | None = None  # multi-vector: "query" or "document"
+    chunk: bool | None = None  # embed a text past the maximum length whole, in windows (None: the server's default)
 
     @property
     def size(self) -> int:
@@ -49,6 +51,12 @@ class Task:
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
+
+    windowed = False  # embeds a long text whole, in windows (joined_windows)
+
+    def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
+        """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""
+        raise ValidationError(f"{self.name} does not embed long texts in windows; chunking serves dense embeddings")
 
     def token_vectors(self, output: np.ndarray) -> np.ndarray:
         """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""

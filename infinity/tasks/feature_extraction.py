@@ -8,7 +8,7 @@ import numpy as np
 from infinity.engine.tokenization import Encoded
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
-from infinity.schema import Choice, Integer
+from infinity.schema import Boolean, Choice, Integer, Schema
 from infinity.tasks.prompts import PromptedTask
 
 
@@ -132,6 +132,33 @@ class FeatureExtraction(PromptedTask):
     def token_doc(self) -> dict[str, Any]:
         return {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
                 "description": "one vector per token, the special tokens included"}
+
+    @property
+    def windowed(self) -> bool:  # type: ignore[override]
+        """Windows are pooled here, before normalizing; a graph that pools (and may normalize) itself is not."""
+        return self.answers_tokens
+
+    def chunking_fields(self) -> dict[str, Schema]:
+        if not self.windowed:
+            return {}
+        return {"chunking": Boolean(description="embed a text longer than the model's maximum length whole: its "
+                                                "windows' pooled vectors averaged by token count (default: the "
+                                                "server's --chunk-long-inputs)")}
+
+    def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
+        """Each text's pooled window rows (in order, before normalizing) as one: their mean weighted by each window's
+        tokens, which for mean pooling is the mean over every token of the text, read window by window. A text of
+        one window keeps its row as it is."""
+        joined = np.empty((len(windows), *rows.shape[1:]), rows.dtype)
+        start = 0
+        for index, text in enumerate(windows):
+            if len(text) == 1:
+                joined[index] = rows[start]
+            else:
+                weights = np.array([len(window) for window in text], np.float64)
+                joined[index] = weights @ rows[start:start + len(text)].astype(np.float64) / weights.sum()
+            start += len(text)
+        return joined
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """Pooled rows -> the vectors a client gets: cut to `dimensions` first, then normalized. The answer is

@@ -28,6 +28,8 @@ class HybridEmbedding(FeatureExtraction):
         self.layout: Hybrid = manifest.task.hybrid
         self.unused = np.asarray(self.layout.unused_ids, dtype=np.int64)
 
+    windowed = False  # its heads are joined over windows by rules of their own, not served yet
+
     def selection(self) -> dict[str, Schema]:
         return selection(None)
 

@@ -1,0 +1,126 @@
+"""Long texts embedded whole: windows of the model's maximum length, each pooled as a short text is, their vectors
+averaged by token count and then normalized, against that formula computed independently in PyTorch FP32."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.corpus import build
+from tests.models import minilm_dir
+from tests.servers import ROOT, WAIT, running
+
+pytestmark = pytest.mark.slow
+
+
+def prose(tokens: int) -> str:
+    """Real passages joined until the text has about this many MiniLM tokens (a token is ~4 characters)."""
+    text = ""
+    for passage in build(count=400):
+        text += passage + "\n\n"
+        if len(text) > 4.2 * tokens:
+            return text
+    raise AssertionError("the corpus is shorter than asked")
+
+
+def windowed_reference(text: str, overlap: int = 0) -> np.ndarray:
+    """The defined answer, from transformers: the text's ids without special tokens in windows of 254 (the last
+    shorter, each after the first starting `overlap` ids back), [CLS] w [SEP] mean-pooled, weighted by length."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(minilm_dir()), AutoModel.from_pretrained(minilm_dir()).eval()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room, start, pooled, weights = 254, 0, [], []
+    while True:
+        window = [tokenizer.cls_token_id, *ids[start:start + room], tokenizer.sep_token_id]
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([window])).last_hidden_state[0]
+        pooled.append(hidden.mean(0).double().numpy())
+        weights.append(len(window))
+        if start + room >= len(ids):
+            break
+        start += room - overlap
+    vector = np.average(pooled, axis=0, weights=weights)
+    return vector / np.linalg.norm(vector)
+
+
+def post(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=WAIT)
+
+
+def test_a_long_text_is_one_vector_of_its_windows_and_a_short_one_answers_as_without(minilm_int8_artifact: Path,
+                                                                                    tmp_path: Path) -> None:
+    document, short = prose(2000), "A short text fits in one window."
+    with running(minilm_int8_artifact, tmp_path / "on.log", "--chunk-long-inputs") as server:
+        whole = post(server.url + "/v1/embeddings", {"input": document})
+        fits = post(server.url + "/v1/embeddings", {"input": short})
+        unchunked = post(server.url + "/v1/embeddings", {"input": [document, short], "chunking": False})
+        info = httpx.get(server.url + "/info").json()["chunking"]
+    with running(minilm_int8_artifact, tmp_path / "off.log") as server:
+        off = post(server.url + "/v1/embeddings", {"input": [document, short]})
+        refused = post(server.url + "/embed", {"inputs": document, "truncate": False})
+        opted = post(server.url + "/embed", {"inputs": [document], "chunking": True})
+    assert whole.status_code == 200, whole.text[:300]
+    assert info == {"long_inputs": True, "overlap": 0, "max_chunks_per_input": 64}
+    vector = np.array(whole.json()["data"][0]["embedding"])
+    assert float(vector @ windowed_reference(document)) >= 0.99
+    windows = int(whole.headers["x-compute-windows"])
+    assert windows >= 8 and whole.json()["usage"]["prompt_tokens"] == int(whole.headers["x-compute-tokens"]) > 2000
+    # with chunking off, by the request or by the server, the document is cut as before
+    assert "x-compute-windows" not in off.headers and off.json()["usage"]["prompt_tokens"] < 300
+    assert unchunked.json()["data"] == off.json()["data"] and unchunked.json()["usage"] == off.json()["usage"]
+    assert refused.status_code == 422 and "truncate" in refused.json()["error"]
+    assert opted.status_code == 200 and opted.headers["x-compute-windows"] == str(windows)
+    assert opted.json()[0] == whole.json()["data"][0]["embedding"]
+    # a text that fits in one window: bit for bit what it answers without chunking
+    assert fits.headers["x-compute-windows"] == "1"
+    assert fits.json()["data"][0]["embedding"] == off.json()["data"][1]["embedding"]
+
+
+def test_a_long_document_among_short_texts_leaves_their_answers_as_alone(minilm_int8_artifact: Path,
+                                                                        tmp_path: Path) -> None:
+    document = prose(5000)
+    shorts = [f"Note {i}: " + "the weather in Lyon is mild " * (1 + i % 9) for i in range(31)]
+    with running(minilm_int8_artifact, tmp_path / "server.log", "--chunk-long-inputs") as server:
+        mixed = post(server.url + "/embed", {"inputs": [*shorts[:10], document, *shorts[10:]]})
+        alone = [post(server.url + "/embed", {"inputs": text}).json()[0] for text in shorts]
+    assert mixed.status_code == 200, mixed.text[:300]
+    vectors = mixed.json()
+    assert vectors[:10] + vectors[11:] == alone
+    assert float(np.array(vectors[10]) @ windowed_reference(document)) >= 0.99
+
+
+def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_line(minilm_fp32_artifact: Path,
+                                                                                 tmp_path: Path) -> None:
+    document = prose(1200)
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--chunk-long-inputs", "--chunk-overlap", "32",
+                 "--max-chunks-per-input", "8") as server:
+        answer = post(server.url + "/predict", {"inputs": document})
+        cohere = post(server.url + "/v2/embed", {"texts": [document], "embedding_types": ["float"]})
+        too_many = post(server.url + "/v1/embeddings", {"input": prose(3000)})
+    assert answer.status_code == 200, answer.text[:300]
+    np.testing.assert_allclose(answer.json(), windowed_reference(document, overlap=32), atol=1e-4)
+    assert cohere.json()["embeddings"]["float"][0] == answer.json()
+    assert too_many.status_code == 413
+    message = too_many.json()["error"]["message"]
+    assert "windows of 256 tokens; the limit is 8 (--max-chunks-per-input)" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--chunk-long-inputs",), "--chunk-long-inputs embeds long texts in windows for dense embeddings whose pooling "
+                               "runs in the server; this artifact serves ranking"),
+    (("--chunk-overlap", "254"), "--chunk-overlap 254 leaves no new tokens in a window of 254"),
+])
+def test_chunking_the_model_cannot_take_is_refused_at_start(args: tuple[str, ...], said: str,
+                                                            artifact_for: Any, minilm_fp32_artifact: Path) -> None:
+    artifact = artifact_for("ranking") if "--chunk-long-inputs" in args else minilm_fp32_artifact
+    done = subprocess.run([sys.executable, "-m", "infinity", "serve", str(artifact), *args], check=False, cwd=ROOT,
+                          env={**os.environ, "INFINITY_THREADS": "1"}, capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 1 and said in done.stderr, done.stderr[-500:]
