@@ -1,7 +1,9 @@
 """Peak resident memory of a server answering full batches: idle, after one request of `--batch` texts that
-each fill `--tokens` tokens, and after `--requests` of them (a steady state that keeps growing is a leak).
+each fill `--tokens` tokens, and after `--requests` of them (a steady state that keeps growing is a leak); with
+`--chunk-tokens N` (a dense embedding artifact), after one more request of `--batch` texts of N tokens each, embedded
+whole in windows.
 
-    python -m bench.memory <artifact> [--batch 32] [--tokens 256] [--requests 4]
+    python -m bench.memory <artifact> [--batch 32] [--tokens 256] [--requests 4] [--chunk-tokens 8000]
 
 For a sparse-embedding artifact it prints beside them the size of one batch's masked-LM logits (batch x tokens x
 vocabulary floats), the most its graph may hold at once."""
@@ -45,12 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--chunk-tokens", type=int, default=0, help="then one request of texts this long, chunked")
     args = parser.parse_args(argv)
     manifest = Manifest.load(args.artifact)
     tokens = min(args.tokens, manifest.tokenizer.max_length)
     port = free_port()
     server = Server([sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port),
-                     "--max-batch-size", str(args.batch), "--max-batch-tokens", str(args.batch * tokens)], port)
+                     "--max-batch-size", str(args.batch), "--max-batch-tokens", str(args.batch * tokens),
+                     "--max-chunks-per-input", str(args.chunk_tokens // 100 + 1),
+                     "--max-payload-bytes", str(max(1_000_000, 40 * args.batch * args.chunk_tokens))], port)
     try:
         server.wait_ready()
         # each text runs past `tokens`, so the batcher pads (and the tokenizer cuts) every row to the same length
@@ -66,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             seconds = time.perf_counter() - start
             if done in (1, args.requests):
                 print(f"after {done} request(s): {memory_mib(server.process.pid)} ({seconds:.2f} s for the last)")
+        if args.chunk_tokens:
+            per_filler = len(counted[0]) / (tokens // 4 + 1)  # type: ignore[index]
+            documents = [f"{i} " + FILLER * int(args.chunk_tokens / per_filler) for i in range(args.batch)]
+            length = post(port, "/tokenize", {"inputs": documents[:1]})
+            start = time.perf_counter()
+            post(port, "/predict", {"inputs": documents, "parameters": {"chunking": True}})
+            print(f"after {args.batch} texts of {len(length[0])} tokens, chunked: "  # type: ignore[index]
+                  f"{memory_mib(server.process.pid)} ({time.perf_counter() - start:.2f} s)")
         if manifest.source.task == "sparse-embedding" and manifest.task.embedding_dim:
             logits = args.batch * tokens * manifest.task.embedding_dim * 4
             print(f"one batch's logits:   {logits // MIB} MiB ({args.batch} x {tokens} x "
