@@ -114,13 +114,75 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("--chunk-long-inputs",), "--chunk-long-inputs embeds long texts in windows for dense embeddings whose pooling "
-                               "runs in the server; this artifact serves ranking"),
+    (("--chunk-long-inputs",), "--chunk-long-inputs runs long texts in windows for dense embeddings pooled in the "
+                               "server and cross-encoder rankers; this artifact serves sequence-classification"),
     (("--chunk-overlap", "254"), "--chunk-overlap 254 leaves no new tokens in a window of 254"),
 ])
 def test_chunking_the_model_cannot_take_is_refused_at_start(args: tuple[str, ...], said: str,
                                                             artifact_for: Any, minilm_fp32_artifact: Path) -> None:
-    artifact = artifact_for("ranking") if "--chunk-long-inputs" in args else minilm_fp32_artifact
+    artifact = artifact_for("sequence-classification") if "--chunk-long-inputs" in args else minilm_fp32_artifact
     done = subprocess.run([sys.executable, "-m", "infinity", "serve", str(artifact), *args], check=False, cwd=ROOT,
                           env={**os.environ, "INFINITY_THREADS": "1"}, capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 1 and said in done.stderr, done.stderr[-500:]
+
+
+def ranked_reference(source: Path, query: str, document: str, document_tokens: int | None = None,
+                     windows: int | None = None, max_length: int = 512) -> float:
+    """A long document's raw score by the rule, from transformers: its ids (cut to `document_tokens`) in windows of
+    what fits beside the whole query, [CLS] query [SEP] window [SEP], the best of the (first `windows`) windows'
+    logits."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForSequenceClassification.from_pretrained(source).eval()
+    query_ids = tokenizer(query, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(document, add_special_tokens=False)["input_ids"][:document_tokens]
+    room, best = max_length - 3 - len(query_ids), -np.inf
+    for start in range(0, len(ids), room)[:windows]:
+        window = ids[start:start + room]
+        input_ids = [tokenizer.cls_token_id, *query_ids, tokenizer.sep_token_id, *window, tokenizer.sep_token_id]
+        types = [0] * (len(query_ids) + 2) + [1] * (len(window) + 1)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([input_ids]), token_type_ids=torch.tensor([types])).logits
+        best = max(best, float(logits[0, 0]))
+    return best
+
+
+def sigmoid(logit: float) -> float:
+    return float(1 / (1 + np.exp(-logit)))
+
+
+def test_a_long_document_scores_as_its_best_window_beside_the_whole_query(artifacts: Any, artifact_for: Any,
+                                                                           tmp_path: Path) -> None:
+    import cohere
+
+    query, short = "Which module parses command-line arguments?", "argparse parses command-line arguments."
+    document = prose(1500)
+    with running(artifact_for("ranking"), tmp_path / "server.log") as server:
+        ranked = post(server.url + "/rerank", {"query": query, "texts": [short, document], "chunking": True})
+        cut = post(server.url + "/rerank", {"query": query, "texts": [short, document]})
+        predicted = post(server.url + "/predict", {"inputs": {"query": query, "texts": [short, document]},
+                                                   "parameters": {"chunking": True}})
+        capped = cohere.ClientV2(base_url=server.url, api_key="unused").rerank(
+            model="m", query=query, documents=[short, document], max_tokens_per_doc=300,
+            request_options={"additional_body_parameters": {"chunking": True}})
+        plain = cohere.ClientV2(base_url=server.url, api_key="unused").rerank(
+            model="m", query=query, documents=[short, document])
+        long_query = post(server.url + "/rerank", {"query": document, "texts": [short], "chunking": True})
+    assert ranked.status_code == 200, ranked.text[:300]
+    scores = {entry["index"]: entry["score"] for entry in ranked.json()}
+    source = artifacts.source("ranking")
+    assert abs(scores[1] - sigmoid(ranked_reference(source, query, document))) < 1e-4
+    assert int(ranked.headers["x-compute-windows"]) == 1 + 4 and "x-compute-windows" not in cut.headers
+    # a pair that fits in one window scores as without chunking; the long one as its first window without
+    uncut = {entry["index"]: entry["score"] for entry in cut.json()}
+    assert scores[0] == uncut[0]
+    assert abs(uncut[1] - sigmoid(ranked_reference(source, query, document, windows=1))) < 1e-4
+    assert predicted.json() == ranked.json()
+    # max_tokens_per_doc drops a document's tokens past it before its windows are cut
+    relevance = {r.index: r.relevance_score for r in capped.results}
+    assert abs(relevance[1] - sigmoid(ranked_reference(source, query, document, 300))) < 1e-4
+    assert {r.index: r.relevance_score for r in plain.results}[0] == relevance[0]
+    assert long_query.status_code == 422 and "beside the query" in long_query.json()["error"]
+    assert "send a shorter query" in long_query.json()["error"] and "\n" not in long_query.json()["error"]

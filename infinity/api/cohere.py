@@ -36,8 +36,9 @@ def body_schema(task: Ranking, limit: int) -> Object:
         "return_documents": Boolean(default=False, description="include each document's text"),
         "model": Text(description="accepted; this server runs one model"),
         "max_chunks_per_doc": Integer(minimum=1, description="accepted and ignored"),
-        "max_tokens_per_doc": Integer(minimum=1, description="accepted and ignored: documents are cut at the "
-                                                            "model's maximum length"),
+        "max_tokens_per_doc": Integer(minimum=1, description="each document's tokens past this many are dropped "
+                                                            "(before windows are cut, with chunking)"),
+        **task.chunking_fields(),
     }, required=("query", "documents"))
 
 
@@ -52,7 +53,9 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
             return {"id": str(uuid.uuid4()), "results": results,
                     "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}}}
 
-        return task.pairs(body["query"], texts, body.get("instruction")), render
+        request = task.pairs(body["query"], texts, body.get("instruction"))
+        request.chunk, request.document_tokens = body.get("chunking"), body.get("max_tokens_per_doc")
+        return request, render
 
     item = {"type": "object", "required": ["index", "relevance_score"], "properties": {
         "index": {"type": "integer"}, "relevance_score": {"type": "number"},

@@ -10,7 +10,7 @@ HEADERS = {**{name: TIMING for name in ("x-compute-time", "x-tokenization-time",
                                         "x-inference-time", "x-total-time")},
            "x-compute-tokens": {"schema": {"type": "integer"}, "description": "tokens run, padding excluded"},
            "x-compute-windows": {"schema": {"type": "integer"},
-                                 "description": "windows the texts ran in, where they were embedded whole in windows "
+                                 "description": "windows the texts ran in, where they ran whole in windows "
                                                 "(--chunk-long-inputs or the request's chunking)"}}
 
 

@@ -194,7 +194,7 @@ class MultiVectorPredict(Predict[MultiVectorEmbedding]):
 
 
 class RankingPredict(Predict[Ranking]):
-    top_level = ("raw_scores",)
+    top_level = ("raw_scores", "chunking")
 
     def inputs(self, limit: int) -> Schema:
         return Object({"query": Text(), "texts": Array(Text(), max_items=limit)}, required=("query", "texts"))
@@ -202,7 +202,7 @@ class RankingPredict(Predict[Ranking]):
     def parameters(self) -> dict[str, Schema]:
         return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
                 "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
-                **self.task.instruction_field()}
+                **self.task.instruction_field(), **self.task.chunking_fields()}
 
     def answer_doc(self) -> dict[str, Any]:
         return self.task.ranking_doc()
@@ -211,6 +211,7 @@ class RankingPredict(Predict[Ranking]):
         options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
                    "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
         request = self.task.pairs(inputs["query"], inputs["texts"], params.get("instruction"))
+        request.chunk = params.get("chunking")
         return Parsed(request, options, single=False)
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:

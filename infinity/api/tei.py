@@ -105,13 +105,16 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
 def rerank(task: Ranking, limit: int) -> Endpoint:
     schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
                      "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
-                     **task.instruction_field(), **truncation()}, required=("query", "texts"))
+                     **task.instruction_field(), **task.chunking_fields(), **truncation()},
+                    required=("query", "texts"))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             return task.answer(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 
-        return truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body), render
+        request = truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body)
+        request.chunk = body.get("chunking")
+        return request, render
 
     return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.ranking_doc(), body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from infinity.engine.session import Engine
-from infinity.engine.tokenization import Encoded, TextTokenizer, pad_batch
+from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
 from infinity.manifest import Manifest, verify_checksums
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
@@ -43,13 +43,18 @@ class LoadedModel:
     def encode(self, request: Request) -> list[Encoded]:
         if request.token_ids is not None:
             return self.tokenizer.from_ids(request.token_ids)
-        items = self.tokenizer.encode(request.texts, truncate=request.truncate, direction=request.direction,
+        items = self.tokenizer.encode(self._texts(request), truncate=request.truncate, direction=request.direction,
                                       max_length=request.max_length)
         return self.task.encoded(request, items)
 
+    def _texts(self, request: Request) -> list[TextInput]:
+        if request.document_tokens is None:
+            return request.texts
+        return self.tokenizer.cut_documents(request.texts, request.document_tokens)
+
     def windows(self, request: Request, overlap: int) -> list[list[Encoded]]:
         """Each text of the request whole, in windows of the model's maximum length."""
-        return self.tokenizer.windows(request.texts, overlap)
+        return self.tokenizer.windows(self._texts(request), overlap)
 
     def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:
         """Engine + batch-level reduction over one padded batch; `tokens`: every token's vector instead."""

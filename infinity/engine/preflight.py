@@ -70,9 +70,10 @@ def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedMod
 
 def check_chunking(model: LoadedModel, settings: Settings) -> None:
     if settings.chunk_long_inputs and not model.task.windowed:
-        raise StartupError(f"--chunk-long-inputs embeds long texts in windows for dense embeddings whose pooling runs "
-                           f"in the server; this artifact serves {model.task.name}"
-                           + (" and pools in its graph" if model.task.name == "feature-extraction" else ""))
+        why = {"feature-extraction": " and pools in its graph", "ranking": " with a causal reranker"}
+        raise StartupError(f"--chunk-long-inputs runs long texts in windows for dense embeddings pooled in the server "
+                           f"and cross-encoder rankers; this artifact serves {model.task.name}"
+                           + why.get(model.task.name, ""))
     if model.task.windowed and settings.chunk_overlap >= model.tokenizer.window_tokens():
         raise StartupError(f"--chunk-overlap {settings.chunk_overlap} leaves no new tokens in a window of "
                            f"{model.tokenizer.window_tokens()} (the model's maximum length less its special tokens)")

@@ -111,20 +111,39 @@ class TextTokenizer:
         """Each text whole, as consecutive windows of the model's maximum length with the special tokens around
         each, the next repeating the last `overlap` tokens of the one before; a text that fits is one window, the
         encoding `encode` gives it."""
-        if not 0 <= overlap < self.window_tokens():
-            raise ValueError(f"an overlap of {overlap} tokens leaves no new tokens in a window of "
-                             f"{self.window_tokens()}")
-        key = ("windows", overlap)
+        pairs = any(isinstance(text, tuple) for text in texts)
+        room = self.window_tokens() if not pairs else self._document_room(texts)  # type: ignore[arg-type]
+        if not 0 <= overlap < room:
+            raise ValueError(f"a window has room for {max(room, 0)} of a text's tokens"
+                             + (" beside the query" if pairs else "") + f", not more than the overlap of {overlap}"
+                             + ("; send a shorter query" if pairs else ""))
+        key = ("pair windows" if pairs else "windows", overlap)
         tokenizer = self._truncating.get(key)
         if tokenizer is None:
             with self._lock:
                 tokenizer = Tokenizer.from_file(self._path)
                 tokenizer.no_padding()
                 tokenizer.enable_truncation(self.max_length - len(self._frame[0]) - len(self._frame[1]),
-                                            stride=overlap, strategy="longest_first", direction="right")
+                                            stride=overlap, strategy="only_second" if pairs else "longest_first",
+                                            direction="right")
                 self._truncating[key] = tokenizer
         return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
                 for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
+
+    def _document_room(self, pairs: list[tuple[str, str]]) -> int:
+        """How many of a document's tokens fit in one window beside the longest query of these pairs."""
+        processor = self._full.post_processor
+        specials = processor.num_special_tokens_to_add(True) if processor is not None else 0
+        queries = self._full.encode_batch(list({query for query, _ in pairs}), add_special_tokens=False)
+        return self.max_length - specials - max(len(query.ids) for query in queries)
+
+    def cut_documents(self, pairs: list[TextInput], tokens: int) -> list[TextInput]:
+        """Each pair's second text cut after its first `tokens` tokens (Cohere's max_tokens_per_doc)."""
+        documents = [pair[1] for pair in pairs if isinstance(pair, tuple)]
+        encodings = self._full.encode_batch(documents, add_special_tokens=False)
+        cut = iter(text[:encoding.offsets[tokens - 1][1]] if len(encoding.ids) > tokens else text
+                   for text, encoding in zip(documents, encodings))
+        return [(pair[0], next(cut)) if isinstance(pair, tuple) else pair for pair in pairs]
 
     def from_ids(self, token_ids: list[list[int]]) -> list[Encoded]:
         """Token ids run exactly as given (no special tokens added), after checking the model can take them."""

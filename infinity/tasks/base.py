@@ -10,6 +10,7 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
+from infinity.schema import Boolean, Schema
 
 DIRECTIONS = ("right", "left")
 
@@ -24,7 +25,8 @@ class Request:
     tokens: bool = False  # answer every token's vector, not the task's reduction of them
     max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
     role: str | None = None  # multi-vector: "query" or "document"
-    chunk: bool | None = None  # embed a text past the maximum length whole, in windows (None: the server's default)
+    chunk: bool | None = None  # run a text past the maximum length whole, in windows (None: the server's default)
+    document_tokens: int | None = None  # ranking: each document's tokens past this many are dropped first
 
     @property
     def size(self) -> int:
@@ -52,7 +54,14 @@ class Task:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
 
-    windowed = False  # embeds a long text whole, in windows (joined_windows)
+    windowed = False  # runs a long text whole, in windows (joined_windows)
+    window_rule = ""  # how the windows' rows become the text's, for the request field's description
+
+    def chunking_fields(self) -> dict[str, Schema]:
+        if not self.windowed:
+            return {}
+        return {"chunking": Boolean(description=f"run a text longer than the model's maximum length whole: "
+                                                f"{self.window_rule} (default: the server's --chunk-long-inputs)")}
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""

@@ -8,7 +8,7 @@ import numpy as np
 from infinity.engine.tokenization import Encoded
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
-from infinity.schema import Boolean, Choice, Integer, Schema
+from infinity.schema import Choice, Integer
 from infinity.tasks.prompts import PromptedTask
 
 
@@ -68,6 +68,7 @@ def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) ->
 
 class FeatureExtraction(PromptedTask):
     name = "feature-extraction"
+    window_rule = "its windows' pooled vectors averaged by token count"
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -137,13 +138,6 @@ class FeatureExtraction(PromptedTask):
     def windowed(self) -> bool:  # type: ignore[override]
         """Windows are pooled here, before normalizing; a graph that pools (and may normalize) itself is not."""
         return self.answers_tokens
-
-    def chunking_fields(self) -> dict[str, Schema]:
-        if not self.windowed:
-            return {}
-        return {"chunking": Boolean(description="embed a text longer than the model's maximum length whole: its "
-                                                "windows' pooled vectors averaged by token count (default: the "
-                                                "server's --chunk-long-inputs)")}
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """Each text's pooled window rows (in order, before normalizing) as one: their mean weighted by each window's

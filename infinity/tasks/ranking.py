@@ -4,13 +4,25 @@ from typing import Any
 
 import numpy as np
 
-from infinity.engine.tokenization import TextInput
+from infinity.engine.tokenization import Encoded, TextInput
 from infinity.schema import Schema, Text
 from infinity.tasks.base import Request, Task, activate
 
 
 class Ranking(Task):
     name = "ranking"
+    window_rule = "each window of the document beside the whole query, the best window's score the document's"
+
+    @property
+    def windowed(self) -> bool:  # type: ignore[override]
+        """A cross-encoder reads the query and a window of the document as a pair; a causal reranker's document
+        sits inside its prompt, where no window is cut yet."""
+        return self.manifest.task.reranker is None
+
+    def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
+        """Each document's score: the best of its windows' (before the activation, which keeps their order)."""
+        bounds = np.cumsum([0, *map(len, windows)])
+        return np.array([rows[start:end].max(axis=0) for start, end in zip(bounds[:-1], bounds[1:])], rows.dtype)
 
     def instruction_field(self) -> dict[str, Schema]:
         """A causal reranker's task description, in place of the manifest's for one request; others take none."""
