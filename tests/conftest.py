@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,20 @@ ArtifactFactory = Callable[..., Path]
 RERANKERS = {"qwen3-reranker-tiny": "qwen3"}  # causal rerankers' prompts, by source model
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Source models come out bit for bit alike whatever a process's thread count: a head scaled by a forward pass
+    (tests/models.py: calibrate_head) takes sums whose order depends on it, and the answers test hashes graphs."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class ArtifactCache:
     """Builds source models and artifacts on first use, one process at a time (the xdist workers share the cache);
     INFINITY_TEST_ARTIFACTS keeps them between runs."""
@@ -48,7 +63,7 @@ class ArtifactCache:
             return minilm_dir()
         path = self.root / "sources" / name
         path.parent.mkdir(exist_ok=True)  # where the lock file goes
-        with FileLock(f"{path}.lock"):
+        with FileLock(f"{path}.lock"), one_torch_thread():
             return self._source(name, path)
 
     def _source(self, name: str, path: Path) -> Path:
@@ -79,7 +94,7 @@ class ArtifactCache:
 
         source = self.root / "sources" / f"tiny-{family}-{task}"
         source.parent.mkdir(exist_ok=True)
-        with FileLock(f"{source}.lock"):
+        with FileLock(f"{source}.lock"), one_torch_thread():
             if not (source / "config.json").is_file():
                 shutil.rmtree(source, ignore_errors=True)
                 build_tiny_family(family, task, source)
