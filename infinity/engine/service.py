@@ -203,8 +203,8 @@ class Service:
                 and padded_tokens(encoded) <= self.settings.lone_request_tokens)
 
     def _chunked(self, request: Request) -> bool:
-        """Texts past the maximum length run whole, in windows: pooled embeddings of texts, as the request or else
-        the server says."""
+        """Texts past the maximum length run whole, in windows, as the request or else the server says: texts only
+        (token ids run as given), and task answers only (not every token's vector)."""
         chunk = self.settings.chunk_long_inputs if request.chunk is None else request.chunk
         return chunk and request.token_ids is None and not request.tokens
 

@@ -101,11 +101,14 @@ class TextTokenizer:
                        offsets=[(0, 0)] * len(prefix) + item.offsets + [(0, 0)] * len(suffix),
                        special=[1] * len(prefix) + item.special + [1] * len(suffix))
 
+    def _specials(self, pair: bool) -> int:
+        """The special tokens the tokenizer adds around a text or a pair."""
+        processor = self._full.post_processor
+        return processor.num_special_tokens_to_add(pair) if processor is not None else 0
+
     def window_tokens(self) -> int:
         """How many of a text's own tokens one window holds: the maximum length less the special tokens and frame."""
-        processor = self._full.post_processor
-        specials = processor.num_special_tokens_to_add(False) if processor is not None else 0
-        return self.max_length - len(self._frame[0]) - len(self._frame[1]) - specials
+        return self.max_length - len(self._frame[0]) - len(self._frame[1]) - self._specials(False)
 
     def windows(self, texts: list[TextInput], overlap: int = 0) -> list[list[Encoded]]:
         """Each text whole, as consecutive windows of the model's maximum length with the special tokens around
@@ -121,21 +124,21 @@ class TextTokenizer:
         tokenizer = self._truncating.get(key)
         if tokenizer is None:
             with self._lock:
-                tokenizer = Tokenizer.from_file(self._path)
-                tokenizer.no_padding()
-                tokenizer.enable_truncation(self.max_length - len(self._frame[0]) - len(self._frame[1]),
-                                            stride=overlap, strategy="only_second" if pairs else "longest_first",
-                                            direction="right")
-                self._truncating[key] = tokenizer
+                tokenizer = self._truncating.get(key)
+                if tokenizer is None:
+                    tokenizer = Tokenizer.from_file(self._path)
+                    tokenizer.no_padding()
+                    tokenizer.enable_truncation(self.max_length - len(self._frame[0]) - len(self._frame[1]),
+                                                stride=overlap, strategy="only_second" if pairs else "longest_first",
+                                                direction="right")
+                    self._truncating[key] = tokenizer
         return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
                 for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
 
     def _document_room(self, pairs: list[tuple[str, str]]) -> int:
         """How many of a document's tokens fit in one window beside the longest query of these pairs."""
-        processor = self._full.post_processor
-        specials = processor.num_special_tokens_to_add(True) if processor is not None else 0
         queries = self._full.encode_batch(list({query for query, _ in pairs}), add_special_tokens=False)
-        return self.max_length - specials - max(len(query.ids) for query in queries)
+        return self.max_length - self._specials(True) - max(len(query.ids) for query in queries)
 
     def cut_documents(self, pairs: list[TextInput], tokens: int) -> list[TextInput]:
         """Each pair's second text cut after its first `tokens` tokens (Cohere's max_tokens_per_doc)."""

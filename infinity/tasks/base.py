@@ -41,6 +41,8 @@ class Request:
 
 class Task:
     name: str = ""
+    windowed = False  # runs a long text whole, in windows (joined_windows)
+    window_rule = ""  # how the windows' rows become the text's, for the request field's description
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         self.manifest = manifest
@@ -54,9 +56,6 @@ class Task:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
 
-    windowed = False  # runs a long text whole, in windows (joined_windows)
-    window_rule = ""  # how the windows' rows become the text's, for the request field's description
-
     def chunking_fields(self) -> dict[str, Schema]:
         if not self.windowed:
             return {}
@@ -65,7 +64,8 @@ class Task:
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""
-        raise ValidationError(f"{self.name} does not embed long texts in windows; chunking serves dense embeddings")
+        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves dense embeddings and "
+                              "cross-encoder rankers")
 
     def token_vectors(self, output: np.ndarray) -> np.ndarray:
         """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""
