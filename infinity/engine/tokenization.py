@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -65,9 +66,8 @@ class TextTokenizer:
         for direction in ("right", "left"):
             self._cutter(direction, max_length)
 
-    def _cutter(self, direction: str, max_length: int) -> Tokenizer:
-        """A tokenizer that cuts to `max_length` tokens from `direction`, the frame included; built once."""
-        key = (direction, max_length)
+    def _truncator(self, key: tuple[str, int], max_length: int, **truncation: Any) -> Tokenizer:
+        """A tokenizer that cuts at `max_length` tokens, the frame included, as `truncation` says; built once."""
         found = self._truncating.get(key)
         if found is None:
             with self._lock:
@@ -75,10 +75,13 @@ class TextTokenizer:
                 if found is None:
                     found = Tokenizer.from_file(self._path)
                     found.no_padding()
-                    found.enable_truncation(max_length - len(self._frame[0]) - len(self._frame[1]),
-                                            strategy="longest_first", direction=direction)
+                    found.enable_truncation(max_length - len(self._frame[0]) - len(self._frame[1]), **truncation)
                     self._truncating[key] = found
         return found
+
+    def _cutter(self, direction: str, max_length: int) -> Tokenizer:
+        """A tokenizer that cuts to `max_length` tokens from `direction`."""
+        return self._truncator((direction, max_length), max_length, strategy="longest_first", direction=direction)
 
     def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right",
                max_length: int | None = None) -> list[Encoded]:
@@ -120,18 +123,8 @@ class TextTokenizer:
             raise ValueError(f"a window has room for {max(room, 0)} of a text's tokens"
                              + (" beside the query" if pairs else "") + f", not more than the overlap of {overlap}"
                              + ("; send a shorter query" if pairs else ""))
-        key = ("pair windows" if pairs else "windows", overlap)
-        tokenizer = self._truncating.get(key)
-        if tokenizer is None:
-            with self._lock:
-                tokenizer = self._truncating.get(key)
-                if tokenizer is None:
-                    tokenizer = Tokenizer.from_file(self._path)
-                    tokenizer.no_padding()
-                    tokenizer.enable_truncation(self.max_length - len(self._frame[0]) - len(self._frame[1]),
-                                                stride=overlap, strategy="only_second" if pairs else "longest_first",
-                                                direction="right")
-                    self._truncating[key] = tokenizer
+        tokenizer = self._truncator(("pair windows" if pairs else "windows", overlap), self.max_length, stride=overlap,
+                                    strategy="only_second" if pairs else "longest_first", direction="right")
         return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
                 for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
 
