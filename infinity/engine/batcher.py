@@ -37,6 +37,11 @@ def padded_tokens(items: list[Encoded]) -> int:
     return len(items) * max(len(item) for item in items)
 
 
+def real_tokens(items: list[Encoded]) -> int:
+    """The rows' own tokens, padding excluded."""
+    return sum(len(item) for item in items)
+
+
 @dataclass
 class Outcome:
     rows: np.ndarray
@@ -69,7 +74,7 @@ class _Entry:
 
     @property
     def real(self) -> int:
-        return sum(len(item) for item in self.items)
+        return real_tokens(self.items)
 
 
 Answer = tuple[_Entry, Outcome | None, BaseException | None]
@@ -273,7 +278,7 @@ class Batcher:
 
     def _step(self, items: list[Encoded], tokens: bool) -> tuple[np.ndarray, float, float, int]:
         """The model on one batch, its errors mapped and reported: (rows, start, seconds, padded tokens)."""
-        padded, real = padded_tokens(items), sum(len(item) for item in items)
+        padded, real = padded_tokens(items), real_tokens(items)
         started = time.perf_counter()
         try:
             rows = self.step(items, tokens)

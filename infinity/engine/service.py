@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens, parts
+from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens, parts, real_tokens
 from infinity.engine.model import LoadedModel
 from infinity.engine.tokenization import Encoded, InputTooLong
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, TooLong, ValidationError
@@ -54,7 +54,7 @@ class Result:
 
     @property
     def tokens(self) -> int:
-        return sum(len(item) for item in self.encoded)
+        return real_tokens(self.encoded)
 
 
 class Permit:

@@ -62,6 +62,12 @@ class Task:
         return {"chunking": Boolean(description=f"run a text longer than the model's maximum length whole: "
                                                 f"{self.window_rule} (default: the server's --chunk-long-inputs)")}
 
+    @staticmethod
+    def spans(windows: list[list[Encoded]]) -> list[tuple[int, int]]:
+        """Each text's (start, end) among the rows of its windows, which run in order."""
+        ends = np.cumsum([len(text) for text in windows]).tolist()
+        return list(zip([0, *ends[:-1]], ends))
+
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""
         raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves dense embeddings and "

@@ -143,15 +143,12 @@ class FeatureExtraction(PromptedTask):
         """Each text's pooled window rows (in order, before normalizing) as one: their mean weighted by each window's
         tokens, which for mean pooling is the mean over every token of the text, read window by window. A text of
         one window keeps its row as it is."""
-        joined = np.empty((len(windows), *rows.shape[1:]), rows.dtype)
-        start = 0
-        for index, text in enumerate(windows):
-            if len(text) == 1:
-                joined[index] = rows[start]
-            else:
+        spans = self.spans(windows)
+        joined = rows[[start for start, _ in spans]]  # a copy: each text's first window's row
+        for index, (text, (start, end)) in enumerate(zip(windows, spans)):
+            if end - start > 1:
                 weights = np.array([len(window) for window in text], np.float64)
-                joined[index] = weights @ rows[start:start + len(text)].astype(np.float64) / weights.sum()
-            start += len(text)
+                joined[index] = weights @ rows[start:end].astype(np.float64) / weights.sum()
         return joined
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
