@@ -34,7 +34,7 @@ from optimize.calibrate import Feeder
 from optimize.checkpoint import SourceModel
 from optimize.export import export_onnx
 from optimize.fuse import fuse
-from optimize.onnxio import copy_model, model_bytes, save_model
+from optimize.onnxio import copy_model, model_bytes, save_model, weights_beside
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.quantize.embeddings import quantize_embedding_tables
 from optimize.quantize.int8 import quantize_int8
@@ -160,8 +160,7 @@ class Build:
         tokenizer = artifact_tokenizer(self.staging, draft)  # as served: calibration and every graph tried
         with self.stages.stage("quantize"):
             quantized = self.quantize(draft, tokenizer, fused, final, search_inputs, reference)
-            if self.options.external_data_bytes is not None:  # a threshold below the default splits a smaller one
-                copy_model(final, final, self.options.external_data_bytes)
+            weights_beside(final)
         notes = [*fusion.gaps, *self.task.notes(source), *fusion.notes, *quantized.notes]
         with self.stages.stage("validate"):
             checked, facts = self.validate(draft, tokenizer, final, heldout, heldout_reference, notes)
