@@ -1,7 +1,8 @@
 """`infinity serve <artifact>`: every setting is a flag and an INFINITY_<NAME> variable (the flag wins).
 
 Managed platforms name some settings in their own variables: SageMaker (started as `<image> serve`, or with
-SAGEMAKER_BIND_TO_PORT) and Vertex AI (AIP_HTTP_PORT, AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE). What the platform
+SAGEMAKER_BIND_TO_PORT), Vertex AI (AIP_HTTP_PORT, AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE), AWS Lambda
+(AWS_LAMBDA_RUNTIME_API), Cloud Run and Knative (PORT, with K_SERVICE). What the platform
 decides (port, routes) beats INFINITY_* variables; what it implies (listen on every interface, its payload and
 time limits) only replaces the defaults."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ from infinity.engine.hostinfo import physical_cores
 from infinity.engine.preflight import check, open_checked
 from infinity.errors import StartupError
 from infinity.settings import Settings
+from infinity.startup import Startup
 
 ENV_PREFIX = "INFINITY_"
 SAGEMAKER_START = "serve"  # SageMaker runs the image with this one argument
@@ -30,6 +32,7 @@ SAGEMAKER_MODEL_DIR = "/opt/ml/model"  # where SageMaker unpacks the model data 
 SAGEMAKER_PAYLOAD_BYTES = 6 * 1024 * 1024  # InvokeEndpoint's body limit for real-time endpoints
 SAGEMAKER_TIMEOUT_S = 60.0  # ... and how long it waits for the container's answer
 VERTEX_PAYLOAD_BYTES = 1_572_864  # Vertex AI's 1.5 MB online prediction limit
+LAMBDA_PAYLOAD_BYTES = 6 * 1024 * 1024  # a synchronous invocation's payload limit
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -117,6 +120,12 @@ def platform(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict
         decided.update((name, (environ[variable], variable)) for name, variable in vertex.items()
                        if environ.get(variable))
         implied.update(host="0.0.0.0", max_payload_bytes=str(VERTEX_PAYLOAD_BYTES))
+    if environ.get("AWS_LAMBDA_RUNTIME_API"):
+        decided["lambda_runtime_api"] = (environ["AWS_LAMBDA_RUNTIME_API"], "AWS_LAMBDA_RUNTIME_API")
+        implied["max_payload_bytes"] = str(LAMBDA_PAYLOAD_BYTES)
+    if environ.get("K_SERVICE") and environ.get("PORT"):  # Cloud Run and Knative
+        decided["port"] = (environ["PORT"], "PORT")
+        implied["host"] = "0.0.0.0"
     collector = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if collector:  # OpenTelemetry's own variables, as every SDK reads them
         implied["otlp_endpoint"] = collector
@@ -168,30 +177,40 @@ def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
     return artifact
 
 
-def serve(directory: Path, settings: Settings) -> int:
+def serve(directory: Path, settings: Settings, startup: Startup) -> int:
     from infinity.api.app import create_app
     from infinity.api.router import Router
     from infinity.http.server import bind, run
 
+    startup.mark("imports")
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)
     check(directory, settings)
     sock = bind(settings.host, settings.port)
+    startup.mark("checks")
     try:
-        router = Router.build(open_checked(directory, settings, threads), settings)
-        return run(create_app(router), settings, sock, router.gate(), router.lane())
+        router = Router.build(open_checked(directory, settings, threads, startup), settings)
+        app = create_app(router)
+        startup.mark("routes")
+        return run(app, settings, sock, router.gate(), router.lane(), startup)
     finally:
         sock.close()
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
+    startup = Startup()
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args, environ)
         logs.setup(settings.log_level, settings.json_logs)
         warn_if_open(settings)
-        return serve(Path(artifact_dir(args, environ)), settings)
+        return serve(Path(artifact_dir(args, environ)), settings, startup)
     except StartupError as exc:
         print(f"infinity: error: {exc}", file=sys.stderr)
+        runtime_api = args.lambda_runtime_api or environ.get("AWS_LAMBDA_RUNTIME_API") or environ.get(
+            ENV_PREFIX + "LAMBDA_RUNTIME_API")
+        if runtime_api:
+            from infinity.http import awslambda
+            awslambda.init_error(runtime_api, str(exc))
         return 1

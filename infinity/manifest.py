@@ -458,13 +458,19 @@ def checksummed_files(manifest: Manifest) -> list[tuple[str, str]]:
             (manifest.tokenizer.file, manifest.tokenizer.sha256)]
 
 
+def verify_present(directory: Path | str, manifest: Manifest) -> None:
+    """Every file the manifest vouches for is there (cheap: before anything loads, where verify_checksums may
+    run beside the load)."""
+    for name, _ in checksummed_files(manifest):
+        if not artifact_file(directory, name).is_file():
+            raise ManifestError(f"{name} is missing from {directory}")
+
+
 def verify_checksums(directory: Path | str, manifest: Manifest) -> None:
     directory = Path(directory)
+    verify_present(directory, manifest)
     for name, expected in checksummed_files(manifest):
-        path = artifact_file(directory, name)
-        if not path.is_file():
-            raise ManifestError(f"{name} is missing from {directory}")
-        actual = sha256_file(path)
+        actual = sha256_file(artifact_file(directory, name))
         if actual != expected:
             raise ManifestError(f"checksum mismatch for {name}: manifest says {expected[:12]}..., "
                                 f"file is {actual[:12]}...")

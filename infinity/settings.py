@@ -80,6 +80,9 @@ class Settings:
                                                           "AIP_PREDICT_ROUTE)")
     vertex_health_route: str = option("/vertex/health", "route of Vertex AI's health checks (Vertex sets "
                                                         "AIP_HEALTH_ROUTE)")
+    lambda_runtime_api: str | None = option(None, "AWS Lambda's Runtime API (host:port): take invocations from it, "
+                                                   "each answered by this server as the HTTP request its event "
+                                                   "describes (Lambda sets AWS_LAMBDA_RUNTIME_API)")
     served_model_name: str | None = option(None, "the model's name in /v1/models, /info and every answer (default: its"
                                                  " hub id from the manifest, else the directory name it was optimized "
                                                  "from)")

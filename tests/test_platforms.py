@@ -388,6 +388,16 @@ def test_vertex_variables_name_the_port_and_routes() -> None:
     assert settings.host == "0.0.0.0" and settings.max_payload_bytes == 1_572_864
 
 
+def test_lambda_and_cloud_run_variables_name_the_runtime_api_and_the_port() -> None:
+    on_lambda = settings_for(["/models/a"], {"AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001", "INFINITY_PORT": "8080"})
+    assert (on_lambda.lambda_runtime_api, on_lambda.port) == ("127.0.0.1:9001", 8080)
+    assert on_lambda.max_payload_bytes == 6 * 1024 * 1024  # a synchronous invocation's limit
+    assert settings_for(["/models/a"], {}).lambda_runtime_api is None
+    cloud_run = settings_for(["/models/a"], {"K_SERVICE": "embed", "PORT": "7000", "INFINITY_PORT": "8080"})
+    assert (cloud_run.port, cloud_run.host) == (7000, "0.0.0.0")
+    assert settings_for(["/models/a"], {"PORT": "7000"}).port == 8080  # PORT alone is anybody's
+
+
 def test_serve_alone_takes_sagemakers_model_dir_only_if_it_holds_an_artifact(tmp_path: Path) -> None:
     from infinity.cli import artifact_dir, build_parser
 

@@ -1,6 +1,7 @@
 """A loaded artifact: manifest, tokenizer, onnxruntime session and task."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
-from infinity.manifest import Manifest, verify_checksums
+from infinity.manifest import Manifest, verify_checksums, verify_present
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
 
@@ -31,14 +32,23 @@ class LoadedModel:
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,
              verify: bool = True, spin_wait: bool = True, spin_wait_us: int = SPIN_WAIT_US) -> LoadedModel:
+        """The session is created on a thread of its own (onnxruntime lets go of the GIL while it maps and
+        prepares the graph) while the tokenizer loads here and then, with `verify`, the files' checksums are
+        computed (hashlib lets go of it too; the tokenizer does not, so it goes first)."""
         directory = Path(directory)
         manifest = Manifest.load(directory)
         if verify:
-            verify_checksums(directory, manifest)
-        tokenizer = artifact_tokenizer(directory, manifest)
-        engine = Engine(directory, manifest, threads=threads, providers=providers, spin_wait=spin_wait,
-                        spin_wait_us=spin_wait_us)
-        return cls(directory, manifest, tokenizer, engine, make_task(manifest, directory))
+            verify_present(directory, manifest)
+        with ThreadPoolExecutor(1, thread_name_prefix="infinity-load") as pool:
+            engine = pool.submit(Engine, directory, manifest, threads=threads, providers=providers,
+                                 spin_wait=spin_wait, spin_wait_us=spin_wait_us)
+            try:
+                tokenizer = artifact_tokenizer(directory, manifest)
+                task = make_task(manifest, directory)
+            finally:
+                if verify:
+                    verify_checksums(directory, manifest)  # a changed file explains whatever else failed
+            return cls(directory, manifest, tokenizer, engine.result(), task)
 
     def encode(self, request: Request) -> list[Encoded]:
         if request.token_ids is not None:

@@ -11,8 +11,9 @@ from infinity.engine.model import LoadedModel
 from infinity.engine.session import EngineError
 from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.errors import StartupError
-from infinity.manifest import Manifest, ManifestError, verify_checksums
+from infinity.manifest import Manifest, ManifestError, verify_present
 from infinity.settings import Settings
+from infinity.startup import Startup
 
 log = logging.getLogger("infinity.preflight")
 
@@ -22,7 +23,7 @@ def check(directory: Path, settings: Settings) -> Manifest:
         raise StartupError(f"{directory} is not a directory")
     try:
         manifest = Manifest.load(directory)
-        verify_checksums(directory, manifest)
+        verify_present(directory, manifest)  # the checksums are computed while the model loads (open_checked)
     except ManifestError as exc:
         raise StartupError(str(exc)) from None
     if not manifest.parity.passed:
@@ -49,11 +50,14 @@ def check(directory: Path, settings: Settings) -> Manifest:
     return manifest
 
 
-def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedModel:
-    """Load an artifact that passed check(), and make sure it runs what the manifest promises."""
+def open_checked(directory: Path, settings: Settings, threads: int, startup: Startup | None = None) -> LoadedModel:
+    """Load an artifact that passed check(), its checksums verified, and make sure it runs what the manifest
+    promises."""
     try:
-        model = LoadedModel.load(directory, threads=threads, verify=False, spin_wait=settings.spin_wait,
+        model = LoadedModel.load(directory, threads=threads, verify=True, spin_wait=settings.spin_wait,
                                  spin_wait_us=settings.spin_wait_us)
+    except ManifestError as exc:
+        raise StartupError(str(exc)) from None
     except Exception as exc:  # onnxruntime and tokenizers raise their own untyped errors
         first_line = (str(exc) or repr(exc)).splitlines()[0]
         raise StartupError(f"could not load the artifact: {first_line}") from None
@@ -63,7 +67,11 @@ def open_checked(directory: Path, settings: Settings, threads: int) -> LoadedMod
     if wanted not in model.engine.session.get_providers():
         raise StartupError(f"the {model.manifest.target.name!r} target needs {wanted}, which onnxruntime could "
                            "not create here (no GPU, or its CUDA libraries are missing)")
+    if startup is not None:
+        startup.mark("load")
     check_max_length(model)
+    if startup is not None:
+        startup.mark("max-length probe")
     check_chunking(model, settings)
     return model
 

@@ -63,8 +63,7 @@ class TextTokenizer:
         self._path = str(path)
         self._lock = threading.Lock()
         self._truncating: dict[tuple[str, int], Tokenizer] = {}  # (direction or "windows", length or overlap)
-        for direction in ("right", "left"):
-            self._cutter(direction, max_length)
+        self._cutter("right", max_length)  # the default; any other is built on its first use (~30 ms)
 
     def _truncator(self, key: tuple[str, int], max_length: int, **truncation: Any) -> Tokenizer:
         """A tokenizer that cuts at `max_length` tokens, the frame included, as `truncation` says; built once."""

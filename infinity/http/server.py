@@ -9,11 +9,13 @@ import socket
 from starlette.applications import Starlette
 
 from infinity.errors import StartupError
+from infinity.http import awslambda
 from infinity.http.connection import Shared
 from infinity.http.lane import Lane
 from infinity.http.lane import protocol as lane_protocol
 from infinity.http.protocol import Gate, Limits, protocol_class
 from infinity.settings import Settings
+from infinity.startup import Startup
 
 try:
     import uvloop
@@ -77,13 +79,15 @@ def limits(settings: Settings) -> Limits:
                   refusal_hold=float(settings.retry_after))
 
 
-def run(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+def run(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None,
+        startup: Startup | None = None) -> int:
     """Serve until SIGTERM or SIGINT, then drain; 0 after a clean shutdown, 1 if the app's startup failed."""
     runner = asyncio.run if uvloop is None else uvloop.run
-    return runner(serve(app, settings, sock, gate, lane))
+    return runner(serve(app, settings, sock, gate, lane, startup))
 
 
-async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None) -> int:
+async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None,
+                startup: Startup | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop, force = asyncio.Event(), asyncio.Event()  # a second signal cuts the drain short
 
@@ -103,6 +107,11 @@ async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: G
             clock = loop.create_task(_tick(shared))
             host, port = sock.getsockname()[:2]
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+            if startup is not None:
+                startup.mark("warm-up")
+                log.info(startup.line())
+            if settings.lambda_runtime_api:
+                awslambda.start(settings.lambda_runtime_api, host, port)
             await stop.wait()
             log.info("shutting down: %d connections open, %d requests in flight", len(shared.connections),
                      len(shared.tasks))
