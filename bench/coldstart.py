@@ -8,10 +8,12 @@ server's own account of where the time went (its `ready in` log line) and its pe
 the artifact's files evicted (posix_fadvise; a model volume read for the first time), `all` the whole page cache
 dropped (root; Python and its libraries read from disk too, as in a container's first start). --source runs the
 `infinity` package of another checkout (PYTHONPATH) with this interpreter, so two versions are compared in one run,
-taking turns in a shuffled order."""
+taking turns in a shuffled order. Each checkout's `infinity` package is compiled to bytecode first, as `pip install`
+does in the image."""
 from __future__ import annotations
 
 import argparse
+import compileall
 import http.client
 import json
 import os
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     sources = args.source or [("this checkout", Path(__file__).resolve().parents[1])]
+    for _, source in sources:
+        compileall.compile_dir(source / "infinity", quiet=1)
     cells = [(source, artifact) for source in sources for artifact in args.artifacts]
     results: dict[tuple[str, str], list[Start]] = {(s[0], a[0]): [] for s, a in cells}
     shuffle = random.Random(args.seed)

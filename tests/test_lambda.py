@@ -127,8 +127,8 @@ def function_url(path: str, body: str) -> dict[str, Any]:
 
 def rest_api(path: str, body: str) -> dict[str, Any]:
     """API Gateway REST API, a {proxy+} resource on the stage `prod`."""
-    headers = {"Accept": "*/*", "Content-Type": "application/json", "Host": "abc123.execute-api.us-east-1.amazonaws.com",
-               "User-Agent": "curl/8.5.0", "X-Forwarded-Proto": "https"}
+    headers = {"Accept": "*/*", "Content-Type": "application/json", "User-Agent": "curl/8.5.0",
+               "Host": "abc123.execute-api.us-east-1.amazonaws.com", "X-Forwarded-Proto": "https"}
     return {"resource": "/{proxy+}", "path": path, "httpMethod": "POST", "headers": headers,
             "multiValueHeaders": {k: [v] for k, v in headers.items()}, "queryStringParameters": None,
             "multiValueQueryStringParameters": None, "pathParameters": {"proxy": path.lstrip("/")},
