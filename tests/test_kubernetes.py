@@ -16,9 +16,13 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.utils.latest_version())
 
 
-def documents() -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{path.name}#{i}", doc) for path in sorted(DEPLOY.glob("*.yaml"))
+def documents(folder: Path = DEPLOY) -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{path.name}#{i}", doc) for path in sorted(folder.glob("*.yaml"))
             for i, doc in enumerate(yaml.safe_load_all(path.read_text())) if doc]
+
+
+AUTOSCALING = dict(documents(DEPLOY / "autoscaling"))
+BUILT_IN = [(name, doc) for name, doc in AUTOSCALING.items() if doc["apiVersion"].startswith("autoscaling/")]
 
 
 def by_kind(kind: str) -> dict[str, dict[str, Any]]:
@@ -36,11 +40,13 @@ def env(container: dict[str, Any], name: str, default: str) -> str:
 
 def test_the_manifests_are_there() -> None:
     kinds = sorted(doc["kind"] for _, doc in documents())
-    assert kinds == ["Deployment", "Deployment", "HorizontalPodAutoscaler", "Service"]
+    assert kinds == ["Deployment", "Deployment", "Service"]
+    assert sorted(AUTOSCALING) == ["hpa-cpu.yaml#0", "hpa-queue-depth.yaml#0", "keda-queue-depth.yaml#0",
+                                   "servicemonitor.yaml#0"]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("name,doc", documents(), ids=[name for name, _ in documents()])
+@pytest.mark.parametrize("name,doc", documents() + BUILT_IN, ids=[name for name, _ in documents() + BUILT_IN])
 def test_valid_against_the_kubernetes_schema(name: str, doc: dict[str, Any], version: str) -> None:
     kubernetes_validate.validate(doc, version, strict=True)
 
@@ -80,14 +86,42 @@ def test_nodes_offer_the_cpu_flags_of_the_artifact_target() -> None:
                 for flag in preset.required_cpu_flags} <= required
 
 
-def test_service_and_autoscaler_point_at_the_deployment() -> None:
+def test_service_and_autoscalers_point_at_the_deployment() -> None:
     deployment = by_kind("Deployment")["infinity-minilm"]
-    service, hpa = by_kind("Service")["infinity-minilm"], by_kind("HorizontalPodAutoscaler")["infinity-minilm"]
+    service = by_kind("Service")["infinity-minilm"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == "http"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "infinity-minilm"}
-    assert hpa["spec"]["minReplicas"] >= 2
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "infinity-minilm"}
+    for name, doc in AUTOSCALING.items():
+        if doc["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
+            assert doc["spec"]["scaleTargetRef"] == target, name
+            assert doc["spec"].get("minReplicas", doc["spec"].get("minReplicaCount")) >= 2, name
+
+
+def test_queue_depth_autoscalers_read_a_metric_the_server_exports_from_what_prometheus_scrapes() -> None:
+    from infinity.metrics import Metrics
+
+    exported = {metric.name for metric in Metrics(lambda: 0).registry.collect()}
+    keda = AUTOSCALING["keda-queue-depth.yaml#0"]
+    (trigger,) = keda["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert float(trigger["metadata"]["threshold"]) > 0
+    assert "infinity_queue_depth" in exported and "infinity_queue_depth" in trigger["metadata"]["query"]
+    assert 'service="infinity-minilm"' in trigger["metadata"]["query"]
+    hpa = AUTOSCALING["hpa-queue-depth.yaml#0"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "infinity_queue_depth"
+    assert metric["pods"]["target"]["averageValue"] == trigger["metadata"]["threshold"]
+
+    monitor = AUTOSCALING["servicemonitor.yaml#0"]
+    service = by_kind("Service")["infinity-minilm"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
+    secret = next(v["secret"]["secretName"] for v in by_kind("Deployment")["infinity-minilm"]["spec"]["template"]
+                  ["spec"]["volumes"] if "secret" in v)
+    assert endpoint["authorization"]["credentials"]["name"] == secret
 
 
 def test_the_sidecar_is_only_reachable_inside_the_pod() -> None:
