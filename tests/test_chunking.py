@@ -115,7 +115,8 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
 
 @pytest.mark.parametrize(("args", "said"), [
     (("--chunk-long-inputs",), "--chunk-long-inputs runs long texts in windows for dense embeddings pooled in the "
-                               "server and cross-encoder rankers; this artifact serves sequence-classification"),
+                               "server, max-pooled sparse embeddings and cross-encoder rankers; this artifact serves "
+                               "sequence-classification"),
     (("--chunk-overlap", "254"), "--chunk-overlap 254 leaves no new tokens in a window of 254"),
 ])
 def test_chunking_the_model_cannot_take_is_refused_at_start(args: tuple[str, ...], said: str,
@@ -186,3 +187,46 @@ def test_a_long_document_scores_as_its_best_window_beside_the_whole_query(artifa
     assert {r.index: r.relevance_score for r in plain.results}[0] == relevance[0]
     assert long_query.status_code == 422 and "beside the query" in long_query.json()["error"]
     assert "send a shorter query" in long_query.json()["error"] and "\n" not in long_query.json()["error"]
+
+
+def sparse_windowed_reference(source: Path, text: str, room: int = 254) -> np.ndarray:
+    """SPLADE's max pooling over a long text read window by window, from transformers: the text's ids in windows of
+    `room`, [CLS] w [SEP], log1p(relu(logits)) of every token, the largest of each vocabulary entry over them all."""
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(source), AutoModelForMaskedLM.from_pretrained(source).eval()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    best = np.zeros(model.config.vocab_size)
+    for start in range(0, len(ids), room):
+        window = [tokenizer.cls_token_id, *ids[start:start + room], tokenizer.sep_token_id]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([window])).logits[0]
+        best = np.maximum(best, torch.log1p(torch.relu(logits)).amax(0).double().numpy())
+    return best
+
+
+def sparse_dense(vector: list[dict[str, Any]], size: int) -> np.ndarray:
+    out = np.zeros(size)
+    for entry in vector:
+        out[entry["index"]] = entry["value"]
+    return out
+
+
+def test_a_long_text_is_one_sparse_vector_the_largest_weights_of_its_windows(artifacts: Any, artifact_for: Any,
+                                                                            tmp_path: Path) -> None:
+    document, short = prose(1500), "A short text fits in one window."
+    with running(artifact_for("sparse-embedding"), tmp_path / "server.log", "--chunk-long-inputs") as server:
+        whole = post(server.url + "/embed_sparse", {"inputs": [document, short]})
+        predicted = post(server.url + "/predict", {"inputs": [document, short]})
+        cut = post(server.url + "/embed_sparse", {"inputs": [document, short], "chunking": False})
+        alone = post(server.url + "/embed_sparse", {"inputs": document})
+    assert whole.status_code == 200, whole.text[:300]
+    assert int(whole.headers["x-compute-windows"]) >= 1 + 6 and "x-compute-windows" not in cut.headers
+    expected = sparse_windowed_reference(artifacts.source("splade-tiny"), document)
+    served = sparse_dense(whole.json()[0], len(expected))
+    assert np.abs(served - expected).max() < 1e-4
+    assert set(np.flatnonzero(expected > 1e-5)) <= set(np.flatnonzero(served))
+    assert whole.json()[1] == cut.json()[1]  # a text that fits: as without chunking
+    assert whole.json()[0] != cut.json()[0]  # the long one: more than its first window
+    assert predicted.json() == whole.json() and alone.json()[0] == whole.json()[0]

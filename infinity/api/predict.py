@@ -160,7 +160,7 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
     top_level = ("top_k", "threshold", "prompt_name")
 
     def parameters(self) -> dict[str, Schema]:
-        return {**self.task.selection(), **self.task.prompt_fields()}
+        return {**self.task.selection(), **self.task.prompt_fields(), **self.task.chunking_fields()}
 
     def answer_doc(self) -> dict[str, Any]:
         return one_or_many(self.task.vector_doc())
@@ -168,7 +168,8 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        return Parsed(self.task.prompted(Request(texts), params.get("prompt_name")), options, isinstance(inputs, str))
+        request = Request(texts, chunk=params.get("chunking"))
+        return Parsed(self.task.prompted(request, params.get("prompt_name")), options, isinstance(inputs, str))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         vectors = self.task.sparse_answers(rows, encoded, parsed.params["threshold"], parsed.params["top_k"])

@@ -86,8 +86,8 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
 
 
 def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
-    schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(), **truncation()},
-                    required=("inputs",))
+    schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(),
+                     **task.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = listed(body["inputs"])
@@ -95,7 +95,8 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
         def render(result: Result) -> Any:
             return task.sparse_answers(result.rows, result.encoded, body["threshold"], body.get("top_k"))
 
-        return task.prompted(truncated(Request(texts), body), body.get("prompt_name")), render
+        request = truncated(Request(texts, chunk=body.get("chunking")), body)
+        return task.prompted(request, body.get("prompt_name")), render
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,

@@ -70,8 +70,8 @@ class Task:
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""
-        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves dense embeddings and "
-                              "cross-encoder rankers")
+        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves dense embeddings, "
+                              "max-pooled sparse embeddings and cross-encoder rankers")
 
     def token_vectors(self, output: np.ndarray) -> np.ndarray:
         """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""

@@ -49,6 +49,19 @@ class SparseEmbedding(PromptedTask):
         if SPLADE_MAX_LOGITS in manifest.model.outputs:
             self.activations = 2 if (manifest.task.splade or {}).get("activation_function") == "log1p_relu" else 1
 
+    window_rule = "each vocabulary entry's largest weight over its windows"
+
+    @property
+    def windowed(self) -> bool:  # type: ignore[override]
+        """Max pooling over a text's tokens is max pooling over its windows' maxima; a sum would count each window's
+        special tokens again, so sum-pooled models are not run in windows."""
+        return (self.manifest.task.splade or {}).get("pooling_strategy") == "max"
+
+    def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
+        """Each text's weights: the largest of its windows' for every vocabulary entry (the activations are
+        monotonic, so taking them before or after the maximum gives the same weights)."""
+        return np.stack([rows[start:end].max(axis=0) for start, end in self.spans(windows)])
+
     def selection(self) -> dict[str, Schema]:
         return selection(self.manifest.task.embedding_dim)
 
