@@ -122,6 +122,7 @@ def platform(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[dict
         implied.update(host="0.0.0.0", max_payload_bytes=str(VERTEX_PAYLOAD_BYTES))
     if environ.get("AWS_LAMBDA_RUNTIME_API"):
         decided["lambda_runtime_api"] = (environ["AWS_LAMBDA_RUNTIME_API"], "AWS_LAMBDA_RUNTIME_API")
+        decided["host"] = ("127.0.0.1", "AWS_LAMBDA_RUNTIME_API")  # only the invocation loop talks to the server
         implied["max_payload_bytes"] = str(LAMBDA_PAYLOAD_BYTES)
     if environ.get("K_SERVICE") and environ.get("PORT"):  # Cloud Run and Knative
         decided["port"] = (environ["PORT"], "PORT")

@@ -150,12 +150,6 @@ def family_artifact(artifacts: ArtifactCache) -> Callable[..., tuple[Path, Path]
     return artifacts.family
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker more than the cores, since a worker often waits (on a server it started, an image build,
-    a subprocess) and leaves its core idle; --maxprocesses caps it."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 SLOW_FIXTURES = {"artifact_for", "minilm_int8_artifact"}  # build INT8 or other tasks' artifacts
 SLOW_MODULES = {"test_containers", "test_optimize"}  # build container images; optimize models in the test
 

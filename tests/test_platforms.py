@@ -389,8 +389,9 @@ def test_vertex_variables_name_the_port_and_routes() -> None:
 
 
 def test_lambda_and_cloud_run_variables_name_the_runtime_api_and_the_port() -> None:
-    on_lambda = settings_for(["/models/a"], {"AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001", "INFINITY_PORT": "8080"})
-    assert (on_lambda.lambda_runtime_api, on_lambda.port) == ("127.0.0.1:9001", 8080)
+    on_lambda = settings_for(["/models/a"], {"AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001", "INFINITY_PORT": "8080",
+                                             "INFINITY_HOST": "0.0.0.0"})  # as the image sets it
+    assert (on_lambda.lambda_runtime_api, on_lambda.port, on_lambda.host) == ("127.0.0.1:9001", 8080, "127.0.0.1")
     assert on_lambda.max_payload_bytes == 6 * 1024 * 1024  # a synchronous invocation's limit
     assert settings_for(["/models/a"], {}).lambda_runtime_api is None
     cloud_run = settings_for(["/models/a"], {"K_SERVICE": "embed", "PORT": "7000", "INFINITY_PORT": "8080"})
