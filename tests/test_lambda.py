@@ -10,6 +10,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -141,8 +142,8 @@ def rest_api(path: str, body: str) -> dict[str, Any]:
 
 
 @contextmanager
-def on_lambda(artifact: Path, runtime: RuntimeApi, log: Path) -> Iterator[str]:
-    with running(artifact, log, env={"AWS_LAMBDA_RUNTIME_API": runtime.address}) as server:
+def on_lambda(artifact: Path, runtime: RuntimeApi, log: Path, *args: str) -> Iterator[str]:
+    with running(artifact, log, *args, env={"AWS_LAMBDA_RUNTIME_API": runtime.address}) as server:
         yield server.url
 
 
@@ -183,10 +184,13 @@ def test_api_gateway_and_function_url_events_are_answered_as_over_http(minilm_fp
 
 
 def test_a_direct_invocation_is_a_predict_body(minilm_fp32_artifact, runtime, tmp_path):
-    with on_lambda(minilm_fp32_artifact, runtime, tmp_path / "server.log") as url:
+    with on_lambda(minilm_fp32_artifact, runtime, tmp_path / "server.log", "--keep-alive-timeout", "1") as url:
         _, kind, _, answer = runtime.invoke({"inputs": "The cat sat on the mat."})
         assert kind == "response"
         assert answer == httpx.post(url + "/predict", json={"inputs": "The cat sat on the mat."}, timeout=WAIT).json()
+        time.sleep(1.5)  # the server closes the loop's idle connection, as after a frozen spell: it opens another
+        _, kind, _, again = runtime.invoke({"inputs": "The cat sat on the mat."})
+        assert (kind, again) == ("response", answer)
         _, kind, headers, error = runtime.invoke({"inputs": []})
         assert kind == "error" and error["errorType"] == headers["Lambda-Runtime-Function-Error-Type"]
         assert error["errorType"].startswith("4") and error["errorMessage"]
