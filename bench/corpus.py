@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import inspect
 import sysconfig
@@ -41,12 +42,19 @@ def docstrings(root: Path) -> list[str]:
 
 
 
+@functools.cache
+def passages(root: Path) -> list[str]:
+    """The distinct docstrings of MIN_WORDS+ words under root in hash order; parsed once per process (seconds for
+    the standard library), since tests and benchmarks ask for the corpus again and again."""
+    texts = {text for text in docstrings(root) if len(text.split()) >= MIN_WORDS}
+    return sorted(texts, key=lambda text: hashlib.sha256(text.encode()).digest())
+
+
 def build(root: Path | None = None, count: int = COUNT) -> list[str]:
     """`count` distinct docstrings of at least MIN_WORDS words, picked by a hash of their text: the same corpus
     for the same library on every host, in an order unrelated to length or module."""
     root = root or Path(sysconfig.get_paths()["stdlib"])
-    texts = {text for text in docstrings(root) if len(text.split()) >= MIN_WORDS}
-    ordered = sorted(texts, key=lambda text: hashlib.sha256(text.encode()).digest())
+    ordered = passages(root)
     if len(ordered) < count:
         raise ValueError(f"{root} holds {len(ordered)} docstrings of {MIN_WORDS}+ words, fewer than {count}")
     return ordered[:count]

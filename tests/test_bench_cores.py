@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from bench.cores import Layout, core_groups, default_layouts, drive, placement
-from bench.corpus import MIN_WORDS, build
+from bench.corpus import MIN_WORDS, build, passages
 from bench.shapes import random_checkpoint
 from bench.vanilla_server import create_app
 from tests.models import minilm_dir
@@ -20,6 +20,7 @@ from tests.models import minilm_dir
 
 def test_the_corpus_is_distinct_passages_chosen_alike_on_every_run():
     texts = build(count=200)
+    passages.cache_clear()  # parsed again, not remembered
     assert texts == build(count=200) and len(set(texts)) == 200
     words = sorted(len(text.split()) for text in texts)
     assert words[0] >= MIN_WORDS and words[-1] > 5 * words[0]  # a natural spread, not one length

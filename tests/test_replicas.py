@@ -29,7 +29,7 @@ def test_a_rolling_replacement_loses_nothing_and_a_killed_replica_is_routed_arou
     reason = haproxy()
     if reason:
         pytest.skip(reason)
-    results = replicas.run(minilm_fp32_artifact, tmp_path, replicas=2, clients=3, settle=1.0)
+    results = replicas.run(minilm_fp32_artifact, tmp_path, replicas=2, clients=3, settle=0.5)
 
     rolling = results["rolling"]
     assert rolling["during"]["requests"] > 0 and rolling["whole"]["requests"] > rolling["during"]["requests"]
