@@ -9,7 +9,7 @@ import numpy as np
 
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
-from infinity.manifest import Manifest, verify_checksums, verify_present
+from infinity.manifest import Manifest, verify_checksums
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
 
@@ -37,8 +37,6 @@ class LoadedModel:
         computed (hashlib lets go of it too; the tokenizer does not, so it goes first)."""
         directory = Path(directory)
         manifest = Manifest.load(directory)
-        if verify:
-            verify_present(directory, manifest)
         with ThreadPoolExecutor(1, thread_name_prefix="infinity-load") as pool:
             engine = pool.submit(Engine, directory, manifest, threads=threads, providers=providers,
                                  spin_wait=spin_wait, spin_wait_us=spin_wait_us)
