@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.process import free_port
 from bench.stats import percentile
 from infinity.engine.hostinfo import cpu_name
 
@@ -35,12 +36,6 @@ CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 TEXTS = ["The cat sat on the mat.", "Replicas come and go; answers stay the same.", "A rolling update loses nothing.",
          "Health checks keep traffic off a replica that is not ready."]
 WAIT = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def post(port: int, text: str, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:

@@ -15,6 +15,7 @@ import pytest
 from bench.corpus import build
 from tests.models import minilm_dir
 from tests.servers import ROOT, WAIT, running
+from tests.test_sparse import dense
 
 pytestmark = pytest.mark.slow
 
@@ -206,13 +207,6 @@ def sparse_windowed_reference(source: Path, text: str, room: int = 254) -> np.nd
     return best
 
 
-def sparse_dense(vector: list[dict[str, Any]], size: int) -> np.ndarray:
-    out = np.zeros(size)
-    for entry in vector:
-        out[entry["index"]] = entry["value"]
-    return out
-
-
 def test_a_long_text_is_one_sparse_vector_the_largest_weights_of_its_windows(artifacts: Any, artifact_for: Any,
                                                                             tmp_path: Path) -> None:
     document, short = prose(1500), "A short text fits in one window."
@@ -224,7 +218,7 @@ def test_a_long_text_is_one_sparse_vector_the_largest_weights_of_its_windows(art
     assert whole.status_code == 200, whole.text[:300]
     assert int(whole.headers["x-compute-windows"]) >= 1 + 6 and "x-compute-windows" not in cut.headers
     expected = sparse_windowed_reference(artifacts.source("splade-tiny"), document)
-    served = sparse_dense(whole.json()[0], len(expected))
+    served = dense(whole.json()[0], len(expected))
     assert np.abs(served - expected).max() < 1e-4
     assert set(np.flatnonzero(expected > 1e-5)) <= set(np.flatnonzero(served))
     assert whole.json()[1] == cut.json()[1]  # a text that fits: as without chunking

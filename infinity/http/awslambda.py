@@ -96,16 +96,13 @@ class RuntimeApi:
         self.connection = http.client.HTTPConnection(host, int(port))  # no timeout: /next waits for the next event
 
     def _send(self, method: str, path: str, body: bytes | None = None,
-              headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
+              headers: dict[str, str] | None = None) -> tuple[http.client.HTTPResponse, bytes]:
         self.connection.request(method, API + path, body, headers or {})
         response = self.connection.getresponse()
-        response.read()
-        return response
+        return response, response.read()
 
     def next(self) -> tuple[str, dict[str, str], bytes]:
-        self.connection.request("GET", API + "/invocation/next")
-        response = self.connection.getresponse()
-        body = response.read()
+        response, body = self._send("GET", "/invocation/next")
         return response.headers["Lambda-Runtime-Aws-Request-Id"], dict(response.headers), body
 
     def respond(self, request_id: str, payload: Any) -> None:
