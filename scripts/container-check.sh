@@ -15,7 +15,8 @@
 # debootstrap (python3, venv, pip), given this host's CA bundle and pip configuration so pip works
 # behind the same proxy and local indexes. Everything podman stores lives in one temporary
 # directory, removed on exit; nothing under /var/lib/containers is touched.
-# Exit status: 0 passed, 77 cannot run on this machine (not root, no apt-get), anything else failed.
+# Exit status: 0 passed, 77 cannot run on this machine (not root, no apt-get, under 4 GiB free in /tmp),
+# anything else failed.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,6 +52,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${missing[*]}"
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah runc debootstrap >/dev/null
+fi
+
+# the stand-in rootfs, both images and their build layers peak at about 2.3 GiB (measured); a full disk
+# would fail the build half-way with podman's "no space left on device"
+NEEDED_MIB=4096
+FREE_MIB=$(df -Pm /tmp | awk 'NR == 2 {print $4}')
+if [ "$FREE_MIB" -lt "$NEEDED_MIB" ]; then
+    echo "container-check: /tmp has $FREE_MIB MiB free, the check needs $NEEDED_MIB MiB" >&2; exit 77
 fi
 
 WORK=$(mktemp -d /tmp/infinity-containers.XXXXXX)
