@@ -45,8 +45,9 @@ class Settings:
     chunk_long_inputs: bool = option(False, "run a text longer than the model's maximum length whole, in windows of "
                                             "that length: a dense embedding's pooled windows averaged by token "
                                             "count, a max-pooled sparse embedding's largest weights over them, a "
-                                            "cross-encoder's best window beside the whole query (a request's "
-                                            "chunking field overrides it)")
+                                            "multi-vector document's token vectors one window after another, "
+                                            "bge-m3's heads each by its rule, a ranker's best window beside the "
+                                            "whole query (a request's chunking field overrides it)")
     chunk_overlap: int = option(0, "tokens each window repeats from the end of the one before it, with chunking")
     max_chunks_per_input: int = option(64, "windows one text may take with chunking; more is answered 413")
     tokenizer_workers: int = option(2, "threads that tokenize and post-process")

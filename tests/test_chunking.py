@@ -30,25 +30,28 @@ def prose(tokens: int) -> str:
     raise AssertionError("the corpus is shorter than asked")
 
 
-def windowed_reference(text: str, overlap: int = 0) -> np.ndarray:
-    """The defined answer, from transformers: the text's ids without special tokens in windows of 254 (the last
-    shorter, each after the first starting `overlap` ids back), [CLS] w [SEP] mean-pooled, weighted by length."""
+def minilm_windows(text: str, overlap: int = 0) -> list[np.ndarray]:
+    """Each window's last hidden state, from transformers: the text's ids without special tokens in windows of 254
+    (the last shorter, each after the first starting `overlap` ids back), [CLS] w [SEP]."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer, model = AutoTokenizer.from_pretrained(minilm_dir()), AutoModel.from_pretrained(minilm_dir()).eval()
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    room, start, pooled, weights = 254, 0, [], []
+    room, start, hidden = 254, 0, []
     while True:
         window = [tokenizer.cls_token_id, *ids[start:start + room], tokenizer.sep_token_id]
         with torch.no_grad():
-            hidden = model(input_ids=torch.tensor([window])).last_hidden_state[0]
-        pooled.append(hidden.mean(0).double().numpy())
-        weights.append(len(window))
+            hidden.append(model(input_ids=torch.tensor([window])).last_hidden_state[0].double().numpy())
         if start + room >= len(ids):
-            break
+            return hidden
         start += room - overlap
-    vector = np.average(pooled, axis=0, weights=weights)
+
+
+def windowed_reference(text: str, overlap: int = 0) -> np.ndarray:
+    """The defined answer: each window mean-pooled, the means averaged weighted by window length, normalized."""
+    hidden = minilm_windows(text, overlap)
+    vector = np.average([h.mean(0) for h in hidden], axis=0, weights=[len(h) for h in hidden])
     return vector / np.linalg.norm(vector)
 
 
@@ -98,6 +101,26 @@ def test_a_long_document_among_short_texts_leaves_their_answers_as_alone(minilm_
     assert float(np.array(vectors[10]) @ windowed_reference(document)) >= 0.99
 
 
+def test_a_passage_past_the_first_window_reaches_the_vector_only_with_chunking(minilm_int8_artifact: Path,
+                                                                              tmp_path: Path) -> None:
+    """The needle test, on trained weights: two documents alike but for one passage after their first window, one
+    about the query and one not. Cut, they are the same vector; whole, the one with the answer is nearer."""
+    query = "How do volcanoes erupt?"
+    needle = ("A volcano erupts when magma rising from the mantle gathers beneath the crust until the pressure of its "
+              "gas breaks through, throwing out lava, ash and volcanic rock.")
+    other = ("A library lends books, journals and recordings to its members, who borrow them for a few weeks and "
+             "return them to the desk, where a librarian checks them back in.")
+    head, tail = prose(400), prose(200)
+    documents = [f"{head}\n\n{passage}\n\n{tail}" for passage in (needle, other)]
+    with running(minilm_int8_artifact, tmp_path / "server.log", "--chunk-long-inputs") as server:
+        whole, cut = (np.array([d["embedding"] for d in post(server.url + "/v1/embeddings",
+                                                              {"input": [query, *documents], "chunking": on}
+                                                              ).json()["data"]]) for on in (True, False))
+    assert (cut[1] == cut[2]).all()  # the passages are past the first 256 tokens
+    near, far = whole[1:] @ whole[0]
+    assert near > far + 0.02, (near, far)
+
+
 def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_line(minilm_fp32_artifact: Path,
                                                                                  tmp_path: Path) -> None:
     document = prose(1200)
@@ -106,8 +129,14 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
         answer = post(server.url + "/predict", {"inputs": document})
         cohere = post(server.url + "/v2/embed", {"texts": [document], "embedding_types": ["float"]})
         too_many = post(server.url + "/v1/embeddings", {"input": prose(3000)})
+        tokens = post(server.url + "/embed_all", {"inputs": [document, "A short text."]})
+        short = post(server.url + "/embed_all", {"inputs": "A short text.", "chunking": False})
     assert answer.status_code == 200, answer.text[:300]
     np.testing.assert_allclose(answer.json(), windowed_reference(document, overlap=32), atol=1e-4)
+    # every token's vector: the windows' one after another, each window's special tokens included
+    np.testing.assert_allclose(tokens.json()[0], np.concatenate(minilm_windows(document, overlap=32)), atol=1e-4)
+    assert tokens.json()[1] == short.json()[0] and tokens.headers["x-compute-windows"] == str(
+        int(answer.headers["x-compute-windows"]) + 1)
     assert cohere.json()["embeddings"]["float"][0] == answer.json()
     assert too_many.status_code == 413
     message = too_many.json()["error"]["message"]
@@ -115,9 +144,9 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("--chunk-long-inputs",), "--chunk-long-inputs runs long texts in windows for dense embeddings pooled in the "
-                               "server, max-pooled sparse embeddings and cross-encoder rankers; this artifact serves "
-                               "sequence-classification"),
+    (("--chunk-long-inputs",), "--chunk-long-inputs runs long texts in windows for embeddings pooled in the "
+                               "server, max-pooled sparse embeddings, multi-vector documents and rankers; this "
+                               "artifact serves sequence-classification"),
     (("--chunk-overlap", "254"), "--chunk-overlap 254 leaves no new tokens in a window of 254"),
 ])
 def test_chunking_the_model_cannot_take_is_refused_at_start(args: tuple[str, ...], said: str,
@@ -224,3 +253,87 @@ def test_a_long_text_is_one_sparse_vector_the_largest_weights_of_its_windows(art
     assert whole.json()[1] == cut.json()[1]  # a text that fits: as without chunking
     assert whole.json()[0] != cut.json()[0]  # the long one: more than its first window
     assert predicted.json() == whole.json() and alone.json()[0] == whole.json()[0]
+
+
+def colbert_windows(source: Path, text: str, room: int) -> tuple[np.ndarray, int]:
+    """A long document's ColBERT vectors by the rule, from sentence-transformers' MultiVectorEncoder: the text's
+    ids in windows of `room`, [CLS] document-prompt w [SEP] each run as a document is (skiplist included), the
+    windows' vectors one after another (and how many windows)."""
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(source), device="cpu")
+    tokenizer = model.tokenizer
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    marker = tokenizer(model.prompts["document"], add_special_tokens=False)["input_ids"]
+    vectors = []
+    for start in range(0, len(ids), room):
+        window = torch.tensor([[tokenizer.cls_token_id, *marker, *ids[start:start + room], tokenizer.sep_token_id]])
+        with torch.no_grad():
+            out = model({"input_ids": window, "attention_mask": torch.ones_like(window)}, task="document")
+        vectors.append(out["token_embeddings"][0][out["attention_mask"][0].bool()].numpy())
+    return np.concatenate(vectors), len(vectors)
+
+
+def test_a_long_document_is_the_colbert_vectors_of_its_windows_and_a_query_is_cut(artifacts: Any,
+                                                                                   artifact_for: Any,
+                                                                                   tmp_path: Path) -> None:
+    document, short, query = prose(700), "A short document.", prose(100)
+    with running(artifact_for("multi-vector"), tmp_path / "server.log") as server:
+        whole = post(server.url + "/embed_all", {"inputs": [document, short], "chunking": True})
+        cut = post(server.url + "/embed_all", {"inputs": [document, short]})
+        predicted = post(server.url + "/predict", {"inputs": [document, short], "parameters": {"chunking": True}})
+        alone = post(server.url + "/embed_all", {"inputs": document, "chunking": True})
+        queries = [post(server.url + "/embed_all", {"inputs": query, "input_type": "query", "chunking": chunking})
+                   for chunking in (True, False)]
+    assert whole.status_code == 200, whole.text[:300]
+    # 180 tokens a document: [CLS], "document", ":" and [SEP] around 176 of its own
+    expected, windows = colbert_windows(artifacts.source("colbert-tiny"), document, room=176)
+    np.testing.assert_allclose(whole.json()[0], expected, atol=1e-4)
+    assert int(whole.headers["x-compute-windows"]) == 1 + windows and windows >= 4
+    assert whole.json()[1] == cut.json()[1] and len(cut.json()[0]) < 180  # fits: as without chunking
+    assert predicted.json() == whole.json() and alone.json()[0] == whole.json()[0]
+    # a query runs as the model runs it, cut to its length, whatever chunking says
+    assert queries[0].json() == queries[1].json() and "x-compute-windows" not in queries[0].headers
+
+
+def m3_windows(source: Path, text: str, room: int) -> dict[str, Any]:
+    """A long text's three bge-m3 heads by the rule, from the formulas of tests/test_hybrid.py applied to each
+    window <s> w </s> of `room` ids: dense = the windows' first-token states averaged by window length, normalized;
+    sparse = each id's largest weight over every window; colbert = every window's vectors but its first, in order."""
+    from tests.test_hybrid import m3_heads
+
+    tokenizer, passes = m3_heads(source)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    windows = [[tokenizer.cls_token_id, *ids[start:start + room], tokenizer.sep_token_id]
+               for start in range(0, len(ids), room)]
+    heads = [passes(window) for window in windows]
+    dense = np.average([head["first"] for head in heads], axis=0, weights=[len(window) for window in windows])
+    sparse: dict[int, float] = {}
+    for head in heads:
+        for token, weight in head["sparse"].items():
+            sparse[token] = max(sparse.get(token, 0.0), weight)
+    return {"dense": dense / np.linalg.norm(dense), "sparse": sparse,
+            "colbert": np.concatenate([head["colbert"] for head in heads])}
+
+
+def test_a_long_text_is_each_m3_head_of_its_windows_by_that_heads_rule(artifacts: Any, artifact_for: Any,
+                                                                        tmp_path: Path) -> None:
+    document, short = prose(700), "A short text."
+    with running(artifact_for("hybrid-embedding"), tmp_path / "server.log", "--chunk-long-inputs") as server:
+        whole = post(server.url + "/predict", {"inputs": [document, short]})
+        cut = post(server.url + "/predict", {"inputs": [document, short], "parameters": {"chunking": False}})
+        sparse = post(server.url + "/embed_sparse", {"inputs": document})
+        dense = post(server.url + "/embed", {"inputs": document})
+        tokens = post(server.url + "/embed_all", {"inputs": document})
+    assert whole.status_code == 200, whole.text[:300]
+    expected = m3_windows(artifacts.source("m3-tiny"), document, room=254)
+    served = whole.json()[0]
+    np.testing.assert_allclose(served["dense"], expected["dense"], atol=1e-4)
+    assert {e["index"] for e in served["sparse"]} == set(expected["sparse"])
+    assert max(abs(e["value"] - expected["sparse"][e["index"]]) for e in served["sparse"]) < 1e-4
+    np.testing.assert_allclose(served["colbert"], expected["colbert"], atol=1e-4)
+    assert int(whole.headers["x-compute-windows"]) >= 1 + 3
+    assert whole.json()[1] == cut.json()[1] and served["dense"] != cut.json()[0]["dense"]  # fits: as without
+    assert (sparse.json()[0], dense.json()[0], tokens.json()[0]) == (served["sparse"], served["dense"],
+                                                                     served["colbert"])

@@ -115,3 +115,53 @@ def test_a_request_may_name_its_own_instruction(server: Server, source_dir: Path
     cohere = httpx.post(server.url + "/v2/rerank", json={"query": QUERY, "documents": TEXTS, "model": "m",
                                                          "instruction": instruction}, timeout=60).json()
     assert {r["index"]: r["relevance_score"] for r in cohere["results"]} == {r["index"]: r["score"] for r in ranked}
+
+
+def windows_by_the_rule(source: Any, query: str, document: str) -> list[str]:
+    """A long document's windows, from transformers' tokenizer: its tokens in runs of what the prefix, the template
+    (filled in with the query and an empty document) and the suffix leave of the maximum length, each window the
+    characters its tokens cover."""
+    tokenizer, reranker = source.tokenizer, source.facts.reranker
+    template = reranker.template.format(instruction=reranker.instruction, query=query, document="")
+    frame = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in (reranker.prefix, reranker.suffix)]
+    room = source.max_length - sum(frame) - len(tokenizer(template)["input_ids"])  # as the model card tokenizes it
+    offsets = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    starts = range(0, len(offsets), room)
+    return [document[offsets[start][0]:offsets[min(start + room, len(offsets)) - 1][1] if start + room < len(offsets)
+                     else None] for start in starts]
+
+
+def test_a_long_document_scores_as_its_best_window_inside_the_prompt(server: Server, source_dir: Path) -> None:
+    import cohere
+
+    from tests.test_chunking import prose
+
+    source = load_source(str(source_dir), "ranking", reranker="qwen3")
+    document = prose(1500)
+    texts = [TEXTS[0], document]
+    ranked = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": texts, "chunking": True}, timeout=60)
+    cut = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": texts}, timeout=60)
+    capped = cohere.ClientV2(base_url=server.url, api_key="unused").rerank(
+        model="m", query=QUERY, documents=texts, max_tokens_per_doc=40)
+    assert ranked.status_code == 200, ranked.text[:300]
+    scores = {entry["index"]: entry["score"] for entry in ranked.json()}
+    windows = windows_by_the_rule(source, QUERY, document)
+    assert len(windows) >= 3 and int(ranked.headers["x-compute-windows"]) == 1 + len(windows)
+    assert abs(scores[1] - max(torch_reference(source, [(QUERY, window) for window in windows]))) < 1e-4
+    # a document that fits scores as without chunking; the long one, without, as its first window's worth
+    assert scores[0] == {entry["index"]: entry["score"] for entry in cut.json()}[0]
+    # max_tokens_per_doc drops a document's tokens past it, inside the template too
+    offsets = source.tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    expected = torch_reference(source, [(QUERY, document[:offsets[39][1]])])[0]
+    assert abs({r.index: r.relevance_score for r in capped.results}[1] - expected) < 1e-4
+
+
+def test_kserve_reads_each_pair_through_the_template(server: Server) -> None:
+    name = httpx.get(server.url + "/info").json()["model"]["id"]
+    body = {"inputs": [{"name": "query", "shape": [1], "datatype": "BYTES", "data": [QUERY]},
+                       {"name": "text", "shape": [len(TEXTS)], "datatype": "BYTES", "data": TEXTS}]}
+    answer = httpx.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text[:300]
+    ranked = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS}, timeout=60).json()
+    scores = [r["score"] for r in sorted(ranked, key=lambda r: r["index"])]
+    np.testing.assert_array_equal(np.float32(answer.json()["outputs"][0]["data"]), np.float32(scores))  # FP32 data

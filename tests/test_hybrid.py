@@ -3,7 +3,7 @@ heads, served on /predict (all three from one request) and on the dense, sparse 
 against bge-m3's reference formulas in PyTorch FP32, alone and batched, fp32 and INT8."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,11 @@ def m3_dir(artifacts: Any) -> Path:
     return Path(artifacts.source("m3-tiny"))
 
 
-@pytest.fixture(scope="module")
-def formulas(m3_dir: Path) -> list[dict[str, Any]]:
-    """bge-m3's reference formulas, written out here apart from the optimizer's reference: dense = the first
-    token's hidden state normalized; sparse = relu(sparse_linear) per token, each id's largest weight, without the
-    cls, eos, pad and unk ids; colbert = colbert_linear of every token but the first, normalized."""
+def m3_heads(m3_dir: Path) -> tuple[Any, Callable[[list[int]], dict[str, Any]]]:
+    """(tokenizer, one pass): bge-m3's reference formulas over one sequence of token ids, written out here apart
+    from the optimizer's reference: the first token's hidden state (dense, once normalized); sparse =
+    relu(sparse_linear) per token, each id's largest weight, without the cls, eos, pad and unk ids; colbert =
+    colbert_linear of every token but the first, normalized."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -40,19 +40,30 @@ def formulas(m3_dir: Path) -> list[dict[str, Any]]:
         linear[name] = torch.nn.Linear(384, size)
         linear[name].load_state_dict(torch.load(m3_dir / f"{name}.pt", weights_only=True))
     unused = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
-    answers = []
-    for text in TEXTS:
-        batch = tokenizer([text], truncation=True, max_length=256, return_tensors="pt")
+
+    def one_pass(ids: list[int]) -> dict[str, Any]:
         with torch.no_grad():
-            hidden = model(**batch).last_hidden_state[0]
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
             weights = torch.relu(linear["sparse_linear"](hidden))[:, 0].tolist()
             colbert = torch.nn.functional.normalize(linear["colbert_linear"](hidden[1:]), dim=-1).numpy()
         sparse: dict[int, float] = {}
-        for token, weight in zip(batch["input_ids"][0].tolist(), weights):
+        for token, weight in zip(ids, weights):
             if token not in unused and weight > 0:
                 sparse[token] = max(sparse.get(token, 0.0), weight)
-        answers.append({"dense": torch.nn.functional.normalize(hidden[0], dim=-1).numpy(), "sparse": sparse,
-                        "colbert": colbert})
+        return {"first": hidden[0].double().numpy(), "sparse": sparse, "colbert": colbert}
+
+    return tokenizer, one_pass
+
+
+@pytest.fixture(scope="module")
+def formulas(m3_dir: Path) -> list[dict[str, Any]]:
+    tokenizer, one_pass = m3_heads(m3_dir)
+    answers = []
+    for text in TEXTS:
+        heads = one_pass(tokenizer(text, truncation=True, max_length=256)["input_ids"])
+        first = heads.pop("first")
+        heads["dense"] = first / np.linalg.norm(first)
+        answers.append(heads)
     return answers
 
 

@@ -66,8 +66,9 @@ def test_pooled_and_token_requests_at_once_each_get_their_own_answer(server: Ser
 
 def test_the_route_is_published_and_refuses_what_it_should(server: Server) -> None:
     spec = httpx.get(server.url + "/openapi.json", timeout=60).json()
-    assert set(spec["paths"]["/embed_all"]["post"]["requestBody"]["content"]["application/json"]["schema"][
-        "properties"]) == {"inputs", "truncate", "truncation_direction", "prompt_name"}  # refused: MiniLM has none
+    fields = spec["paths"]["/embed_all"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    # prompt_name is refused: MiniLM has none
+    assert set(fields) == {"inputs", "truncate", "truncation_direction", "prompt_name", "chunking"}
     too_long = httpx.post(server.url + "/embed_all", json={"inputs": TEXTS[-1], "truncate": False}, timeout=60)
     assert too_long.status_code == 422 and "error" in too_long.json()
     assert httpx.post(server.url + "/embed_all", json={"inputs": []}, timeout=60).status_code == 400

@@ -177,17 +177,19 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
 
 
 class MultiVectorPredict(Predict[MultiVectorEmbedding]):
-    top_level = ("input_type",)
+    top_level = ("input_type", "chunking")
 
     def parameters(self) -> dict[str, Schema]:
-        return {"input_type": self.task.role_field()}
+        return {"input_type": self.task.role_field(), **self.task.chunking_fields()}
 
     def answer_doc(self) -> dict[str, Any]:
         return one_or_many(self.task.matrix_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        return Parsed(self.task.request(texts, params.get("input_type", "document")), {}, isinstance(inputs, str))
+        request = self.task.request(texts, params.get("input_type", "document"))
+        request.chunk = params.get("chunking")
+        return Parsed(request, {}, isinstance(inputs, str))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         vectors = self.task.vectors(rows, encoded, parsed.request.role or "document")

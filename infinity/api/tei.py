@@ -52,11 +52,13 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
     multi-vector model's: the tokens it scores, for the role the body names."""
     if isinstance(task, MultiVectorEmbedding):
         return multi_vectors(task, limit)
-    schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **truncation()}, required=("inputs",))
+    schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **task.chunking_fields(), **truncation()},
+                    required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = listed(body["inputs"])
-        request = task.prompted(truncated(Request(texts, tokens=True), body), body.get("prompt_name"))
+        request = task.prompted(truncated(Request(texts, tokens=True, chunk=body.get("chunking")), body),
+                                body.get("prompt_name"))
 
         def render(result: Result) -> Any:
             return task.token_answers(result.rows, result.encoded)
@@ -69,8 +71,8 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
 
 
 def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
-    schema = Object({"inputs": texts_schema(limit), "input_type": task.role_field(), **truncation()},
-                    required=("inputs",))
+    schema = Object({"inputs": texts_schema(limit), "input_type": task.role_field(), **task.chunking_fields(),
+                     **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         role = body["input_type"]
@@ -78,7 +80,9 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
         def render(result: Result) -> Any:
             return task.vectors(result.rows, result.encoded, role)
 
-        return truncated(task.request(listed(body["inputs"]), role), body), render
+        request = truncated(task.request(listed(body["inputs"]), role), body)
+        request.chunk = body.get("chunking")
+        return request, render
 
     return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
                     {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,

@@ -51,8 +51,8 @@ class LoadedModel:
     def encode(self, request: Request) -> list[Encoded]:
         if request.token_ids is not None:
             return self.tokenizer.from_ids(request.token_ids)
-        items = self.tokenizer.encode(self._texts(request), truncate=request.truncate, direction=request.direction,
-                                      max_length=request.max_length)
+        items = self.tokenizer.encode(self.task.templated(request, self._texts(request)), truncate=request.truncate,
+                                      direction=request.direction, max_length=request.max_length)
         return self.task.encoded(request, items)
 
     def _texts(self, request: Request) -> list[TextInput]:
@@ -61,8 +61,25 @@ class LoadedModel:
         return self.tokenizer.cut_documents(request.texts, request.document_tokens)
 
     def windows(self, request: Request, overlap: int) -> list[list[Encoded]]:
-        """Each text of the request whole, in windows of the model's maximum length."""
-        return self.tokenizer.windows(self._texts(request), overlap)
+        """Each text of the request whole, in windows of the model's maximum length (or the request's shorter one),
+        each window of a long text beginning with the request's prompt."""
+        texts = self._texts(request)
+        if self.manifest.task.reranker is not None:
+            return self._template_windows(request, texts, overlap)  # type: ignore[arg-type]  # ranking: pairs
+        return self.tokenizer.windows(texts, overlap, request.max_length, request.prompt)
+
+    def _template_windows(self, request: Request, pairs: list[tuple[str, str]], overlap: int) -> list[list[Encoded]]:
+        """A causal reranker's document read in windows of what its prompt, filled in with the query, leaves of
+        the maximum length: each window's text (the characters its tokens cover) goes into the template as the
+        document, and a document that fits is the one window it is without chunking."""
+        limit = self.tokenizer.max_length
+        whole = self.tokenizer.lengths(self.task.templated(request, pairs))  # type: ignore[arg-type]
+        frames = self.tokenizer.lengths(self.task.templated(request, [(query, "") for query, _ in pairs]))
+        rooms = [limit - frame if length > limit else length for length, frame in zip(whole, frames)]
+        documents = self.tokenizer.text_windows([document for _, document in pairs], rooms, overlap)
+        flat = [(query, window) for (query, _), windows in zip(pairs, documents) for window in windows]
+        items = iter(self.tokenizer.encode(self.task.templated(request, flat)))  # type: ignore[arg-type]
+        return [[next(items) for _ in windows] for windows in documents]
 
     def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:
         """Engine + batch-level reduction over one padded batch; `tokens`: every token's vector instead."""

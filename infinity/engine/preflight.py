@@ -78,10 +78,9 @@ def open_checked(directory: Path, settings: Settings, threads: int, startup: Sta
 
 def check_chunking(model: LoadedModel, settings: Settings) -> None:
     if settings.chunk_long_inputs and not model.task.windowed:
-        why = {"feature-extraction": " and pools in its graph", "ranking": " with a causal reranker",
-               "sparse-embedding": " with sum pooling"}
-        raise StartupError(f"--chunk-long-inputs runs long texts in windows for dense embeddings pooled in the server, "
-                           f"max-pooled sparse embeddings and cross-encoder rankers; this artifact serves "
+        why = {"feature-extraction": " and pools in its graph", "sparse-embedding": " with sum pooling"}
+        raise StartupError(f"--chunk-long-inputs runs long texts in windows for embeddings pooled in the server, "
+                           f"max-pooled sparse embeddings, multi-vector documents and rankers; this artifact serves "
                            f"{model.task.name}" + why.get(model.task.name, ""))
     if model.task.windowed and settings.chunk_overlap >= model.tokenizer.window_tokens():
         raise StartupError(f"--chunk-overlap {settings.chunk_overlap} leaves no new tokens in a window of "

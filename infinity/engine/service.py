@@ -48,13 +48,10 @@ class Timings:
 class Result:
     """The task-reduced rows of one request, aligned with its inputs."""
     rows: np.ndarray
-    encoded: list[Encoded]  # every window's, where texts ran in windows
+    encoded: list[Encoded]  # each input's, aligned with rows (a text run in windows: as its task joins them)
     timings: Timings
+    tokens: int  # the real tokens the engine read, every window's
     windows: int | None = None  # how many windows the texts ran in, where they did
-
-    @property
-    def tokens(self) -> int:
-        return real_tokens(self.encoded)
 
 
 class Permit:
@@ -186,8 +183,9 @@ class Service:
         self.metrics.tokenization.observe(timings.tokenization_s)
         self.metrics.queue.observe(timings.queue_s)
         if windows is None:
-            return Result(outcome.rows, encoded, timings)
-        return Result(self.model.task.joined_windows(outcome.rows, windows), encoded, timings, windows=len(encoded))
+            return Result(outcome.rows, encoded, timings, real_tokens(encoded))
+        rows, texts = self.model.task.joined(outcome.rows, windows, request.tokens)
+        return Result(rows, texts, timings, real_tokens(encoded), windows=len(encoded))
 
     async def offload(self, work: Callable[..., T], *args: Any, small: bool) -> T:
         """Small work runs on the event loop (cheaper than two thread hops); larger work in the worker pool."""
@@ -204,9 +202,9 @@ class Service:
 
     def _chunked(self, request: Request) -> bool:
         """Texts past the maximum length run whole, in windows, as the request or else the server says: texts only
-        (token ids run as given), and task answers only (not every token's vector)."""
+        (token ids run as given), where the task runs them so."""
         chunk = self.settings.chunk_long_inputs if request.chunk is None else request.chunk
-        return chunk and request.token_ids is None and not request.tokens
+        return chunk and request.token_ids is None and self.model.task.in_windows(request)
 
     def _windows(self, request: Request) -> list[list[Encoded]]:
         try:
@@ -216,8 +214,9 @@ class Service:
         limit = self.settings.max_chunks_per_input
         for index, text in enumerate(windows):
             if len(text) > limit:
-                raise PayloadTooLarge(f"input {index} takes {len(text)} windows of {self.model.tokenizer.max_length} "
-                                      f"tokens; the limit is {limit} (--max-chunks-per-input)")
+                length = min(request.max_length or self.model.tokenizer.max_length, self.model.tokenizer.max_length)
+                raise PayloadTooLarge(f"input {index} takes {len(text)} windows of {length} tokens; the limit is "
+                                      f"{limit} (--max-chunks-per-input)")
         return windows
 
     def _encode(self, request: Request) -> list[Encoded]:

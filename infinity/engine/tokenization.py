@@ -62,10 +62,10 @@ class TextTokenizer:
             raise ValueError(f"the prompt around each text takes {max_length - room} tokens, the whole maximum length")
         self._path = str(path)
         self._lock = threading.Lock()
-        self._truncating: dict[tuple[str, int], Tokenizer] = {}  # (direction or "windows", length or overlap)
+        self._truncating: dict[tuple[str, int, int], Tokenizer] = {}  # (direction or "windows", length, overlap)
         self._cutter("right", max_length)  # the default; any other is built on its first use (~30 ms)
 
-    def _truncator(self, key: tuple[str, int], max_length: int, **truncation: Any) -> Tokenizer:
+    def _truncator(self, key: tuple[str, int, int], max_length: int, **truncation: Any) -> Tokenizer:
         """A tokenizer that cuts at `max_length` tokens, the frame included, as `truncation` says; built once."""
         found = self._truncating.get(key)
         if found is None:
@@ -80,7 +80,7 @@ class TextTokenizer:
 
     def _cutter(self, direction: str, max_length: int) -> Tokenizer:
         """A tokenizer that cuts to `max_length` tokens from `direction`."""
-        return self._truncator((direction, max_length), max_length, strategy="longest_first", direction=direction)
+        return self._truncator((direction, max_length, 0), max_length, strategy="longest_first", direction=direction)
 
     def encode(self, texts: list[TextInput], truncate: bool = True, direction: str = "right",
                max_length: int | None = None) -> list[Encoded]:
@@ -108,29 +108,77 @@ class TextTokenizer:
         processor = self._full.post_processor
         return processor.num_special_tokens_to_add(pair) if processor is not None else 0
 
-    def window_tokens(self) -> int:
-        """How many of a text's own tokens one window holds: the maximum length less the special tokens and frame."""
-        return self.max_length - len(self._frame[0]) - len(self._frame[1]) - self._specials(False)
+    def window_tokens(self, max_length: int | None = None) -> int:
+        """How many of a text's own tokens one window holds: the maximum length (or a shorter one) less the special
+        tokens and frame."""
+        length = self.max_length if max_length is None else min(max_length, self.max_length)
+        return length - len(self._frame[0]) - len(self._frame[1]) - self._specials(False)
 
-    def windows(self, texts: list[TextInput], overlap: int = 0) -> list[list[Encoded]]:
-        """Each text whole, as consecutive windows of the model's maximum length with the special tokens around
-        each, the next repeating the last `overlap` tokens of the one before; a text that fits is one window, the
-        encoding `encode` gives it."""
+    def windows(self, texts: list[TextInput], overlap: int = 0, max_length: int | None = None,
+                prompt: str = "") -> list[list[Encoded]]:
+        """Each text whole, as consecutive windows of the model's maximum length (or a shorter `max_length`) with
+        the special tokens around each, the next repeating the last `overlap` tokens of the one before; a text that
+        fits is one window, the encoding `encode` gives it.
+
+        `prompt`: what every text begins with (a multi-vector role's marker); each window of a longer text
+        begins with its tokens too, after the leading special tokens."""
+        length = self.max_length if max_length is None else min(max_length, self.max_length)
         pairs = any(isinstance(text, tuple) for text in texts)
-        room = self.window_tokens() if not pairs else self._document_room(texts)  # type: ignore[arg-type]
+        marker = self._full.encode(prompt, add_special_tokens=False).ids if prompt else []
+        room = (self.window_tokens(length) - len(marker) if not pairs
+                else self._document_room(texts, length))  # type: ignore[arg-type]
         if not 0 <= overlap < room:
             raise ValueError(f"a window has room for {max(room, 0)} of a text's tokens"
                              + (" beside the query" if pairs else "") + f", not more than the overlap of {overlap}"
                              + ("; send a shorter query" if pairs else ""))
-        tokenizer = self._truncator(("pair windows" if pairs else "windows", overlap), self.max_length, stride=overlap,
+        tokenizer = self._truncator(("pair windows" if pairs else "windows", length - len(marker), overlap),
+                                    length - len(marker), stride=overlap,
                                     strategy="only_second" if pairs else "longest_first", direction="right")
-        return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
-                for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
+        if not marker:
+            return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
+                    for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
+        result = []
+        for text in texts:
+            assert isinstance(text, str) and text.startswith(prompt)
+            whole = self._framed(_to_encoded(self._full.encode(text)))
+            if len(whole) <= length:
+                result.append([whole])
+                continue
+            first = tokenizer.encode(text[len(prompt):])
+            result.append([marked(self._framed(_to_encoded(window)), marker)
+                           for window in (first, *first.overflowing)])
+        return result
 
-    def _document_room(self, pairs: list[tuple[str, str]]) -> int:
-        """How many of a document's tokens fit in one window beside the longest query of these pairs."""
+    def _document_room(self, pairs: list[tuple[str, str]], length: int) -> int:
+        """How many of a document's tokens fit in one window of `length` beside the longest query of these pairs."""
         queries = self._full.encode_batch(list({query for query, _ in pairs}), add_special_tokens=False)
-        return self.max_length - self._specials(True) - max(len(query.ids) for query in queries)
+        return length - self._specials(True) - max(len(query.ids) for query in queries)
+
+    def lengths(self, texts: list[TextInput]) -> list[int]:
+        """Each text's tokens, never cut, the frame included."""
+        frame = len(self._frame[0]) + len(self._frame[1])
+        return [len(e.ids) + frame for e in self._full.encode_batch([list(t) if isinstance(t, tuple) else t
+                                                                     for t in texts])]
+
+    def text_windows(self, documents: list[str], rooms: list[int], overlap: int) -> list[list[str]]:
+        """Each document as the texts of consecutive windows of its tokens, at most its `room` of them each, the
+        next repeating the last `overlap` tokens of the one before: a window's text is the characters its tokens
+        cover. A document that fits in its room is its one window, whole."""
+        windows = []
+        for text, encoding, room in zip(documents, self._full.encode_batch(documents, add_special_tokens=False),
+                                        rooms):
+            offsets, start, texts = encoding.offsets, 0, []
+            if len(offsets) <= room:
+                windows.append([text])
+                continue
+            if not 0 <= overlap < room:
+                raise ValueError(f"a window has room for {max(room, 0)} of a text's tokens beside the query, not more "
+                                 f"than the overlap of {overlap}; send a shorter query")
+            while start + room < len(offsets):
+                texts.append(text[offsets[start][0]:offsets[start + room - 1][1]])
+                start += room - overlap
+            windows.append([*texts, text[offsets[start][0]:]])
+        return windows
 
     def cut_documents(self, pairs: list[TextInput], tokens: int) -> list[TextInput]:
         """Each pair's second text cut after its first `tokens` tokens (Cohere's max_tokens_per_doc)."""
@@ -167,6 +215,21 @@ def _to_encoded(encoding: Encoding) -> Encoded:
         offsets=encoding.offsets,
         special=encoding.special_tokens_mask,
     )
+
+
+def marked(window: Encoded, marker: list[int]) -> Encoded:
+    """A window with the marker's tokens after its leading special tokens, as they follow them in a short text."""
+    at = window.special.index(0) if 0 in window.special else len(window.special)
+    return Encoded(ids=[*window.ids[:at], *marker, *window.ids[at:]],
+                   type_ids=[*window.type_ids[:at], *[0] * len(marker), *window.type_ids[at:]],
+                   offsets=[*window.offsets[:at], *[(0, 0)] * len(marker), *window.offsets[at:]],
+                   special=[*window.special[:at], *[0] * len(marker), *window.special[at:]])
+
+
+def concatenated(encodings: list[Encoded]) -> Encoded:
+    """One text's windows as one sequence of their tokens, one window after another."""
+    return Encoded(ids=[i for e in encodings for i in e.ids], type_ids=[t for e in encodings for t in e.type_ids],
+                   offsets=[o for e in encodings for o in e.offsets], special=[s for e in encodings for s in e.special])
 
 
 def pad_batch(items: list[Encoded], pad_id: int) -> Batch:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infinity.engine.tokenization import Encoded, TextInput
+from infinity.engine.tokenization import Encoded, TextInput, concatenated
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
 from infinity.schema import Boolean, Schema
@@ -25,8 +25,10 @@ class Request:
     tokens: bool = False  # answer every token's vector, not the task's reduction of them
     max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
     role: str | None = None  # multi-vector: "query" or "document"
+    prompt: str = ""  # what each text begins with that every window of it begins with too (a role's marker)
     chunk: bool | None = None  # run a text past the maximum length whole, in windows (None: the server's default)
     document_tokens: int | None = None  # ranking: each document's tokens past this many are dropped first
+    instruction: str | None = None  # ranking: a causal reranker's task description (None: the manifest's)
 
     @property
     def size(self) -> int:
@@ -48,6 +50,10 @@ class Task:
         self.manifest = manifest
         self.directory = directory
 
+    def templated(self, request: Request, texts: list[TextInput]) -> list[TextInput]:
+        """What the tokenizer reads of the request's texts: as sent, unless the task puts them in a template."""
+        return texts
+
     def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
         """The request's tokens as the model reads them: as tokenized, unless the task adds to them."""
         return items
@@ -62,20 +68,43 @@ class Task:
         return {"chunking": Boolean(description=f"run a text longer than the model's maximum length whole: "
                                                 f"{self.window_rule} (default: the server's --chunk-long-inputs)")}
 
+    def in_windows(self, request: Request) -> bool:
+        """Whether the request's long texts run whole in windows, where chunking is asked for."""
+        return self.windowed
+
     @staticmethod
     def spans(windows: list[list[Encoded]]) -> list[tuple[int, int]]:
         """Each text's (start, end) among the rows of its windows, which run in order."""
         ends = np.cumsum([len(text) for text in windows]).tolist()
         return list(zip([0, *ends[:-1]], ends))
 
+    def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
+               tokens: bool = False) -> tuple[np.ndarray, list[Encoded]]:
+        """Each text's row and encoding from its windows' (see --chunk-long-inputs): with `tokens`, every token's
+        vector of every window, one window after another; else the task's own rule."""
+        joined = token_rows(rows, windows) if tokens else self.joined_windows(rows, windows)
+        return joined, [concatenated(text) for text in windows]
+
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
-        """One row per text from the rows of its windows (see --chunk-long-inputs), where the task defines it."""
-        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves dense embeddings, "
-                              "max-pooled sparse embeddings and cross-encoder rankers")
+        """One row per text from the rows of its windows, where the task defines it."""
+        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves embeddings pooled "
+                              "in the server, max-pooled sparse embeddings, multi-vector documents and rankers")
 
     def token_vectors(self, output: np.ndarray) -> np.ndarray:
         """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""
         raise NotImplementedError(f"{self.name} answers no token vectors")
+
+
+def token_rows(rows: np.ndarray, windows: list[list[Encoded]], first: int = 0) -> np.ndarray:
+    """Each text's token rows, its windows' one after another (from each window but the text's first, its tokens
+    from `first` on), padded to the longest text."""
+    texts = [np.concatenate([rows[start, :len(text[0])],
+                             *(rows[start + k, first:len(window)] for k, window in enumerate(text[1:], 1))])
+             for text, (start, _) in zip(windows, Task.spans(windows))]
+    joined = np.zeros((len(texts), max(len(text) for text in texts), *rows.shape[2:]), rows.dtype)
+    for row, text in zip(joined, texts):
+        row[:len(text)] = text
+    return joined
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from infinity.engine.tokenization import Encoded
+from infinity.engine.tokenization import Encoded, concatenated
 from infinity.manifest import Hybrid, Manifest
 from infinity.schema import Schema
+from infinity.tasks.base import token_rows
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.sparse_embedding import SparseVector, selection, sparse_vector
 
@@ -28,7 +29,22 @@ class HybridEmbedding(FeatureExtraction):
         self.layout: Hybrid = manifest.task.hybrid
         self.unused = np.asarray(self.layout.unused_ids, dtype=np.int64)
 
-    windowed = False  # its heads are joined over windows by rules of their own, not served yet
+    window_rule = ("each head by its own rule: the dense vector its windows' averaged by token count, the sparse "
+                   "weights each token id's largest over the windows, the ColBERT vectors the windows' in order")
+
+    def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
+               tokens: bool = False) -> tuple[np.ndarray, list[Encoded]]:
+        """Each text as one sequence of its windows' tokens, every window's first token left out but the first
+        window's, whose hidden state becomes the windows' first-token states averaged by token count: every head
+        then reads it as one pass (the dense vector from the first token, each id's largest sparse weight, the
+        ColBERT vectors of every token but the first)."""
+        joined = token_rows(rows, windows, first=1)
+        hidden = self.layout.hidden_size
+        for row, text, (start, end) in zip(joined, windows, self.spans(windows)):
+            if end - start > 1:
+                weights = np.array([len(window) for window in text], np.float64)
+                row[0, :hidden] = weights @ rows[start:end, 0, :hidden].astype(np.float64) / weights.sum()
+        return joined, [concatenated([text[0], *(strip_first(window) for window in text[1:])]) for text in windows]
 
     def selection(self) -> dict[str, Schema]:
         return selection(None)
@@ -64,3 +80,8 @@ class HybridEmbedding(FeatureExtraction):
         """The ColBERT vectors: every token's but the first's (bge-m3 scores no [CLS]), normalized in the graph."""
         start = self.layout.hidden_size + 1
         return [np.ascontiguousarray(row[1:len(item), start:]) for row, item in zip(rows, encoded)]
+
+
+def strip_first(window: Encoded) -> Encoded:
+    return Encoded(ids=window.ids[1:], type_ids=window.type_ids[1:], offsets=window.offsets[1:],
+                   special=window.special[1:])

@@ -26,6 +26,9 @@ def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
 
 class MultiVectorEmbedding(Task):
     name = "multi-vector"
+    windowed = True
+    window_rule = ("a document's windows of its own length, each beginning with its prompt, their token vectors one "
+                   "after another (a query is cut to its length, as the model cuts it)")
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         super().__init__(manifest, directory)
@@ -48,7 +51,16 @@ class MultiVectorEmbedding(Task):
         """Texts in one role, with its prompt before each and its maximum length."""
         prompt = self.manifest.task.prompts.get(role, "")
         return Request([prompt + text for text in texts] if prompt else texts,  # type: ignore[operator]  # texts
-                       max_length=self.rules.max_length(role), role=role)
+                       max_length=self.rules.max_length(role), role=role, prompt=prompt)
+
+    def in_windows(self, request: Request) -> bool:
+        return request.role == "document"
+
+    def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
+               tokens: bool = False) -> tuple[np.ndarray, list[Encoded]]:
+        """A document's token vectors and tokens, its windows' one after another: each window's skiplist applies
+        as in a short document."""
+        return super().joined(rows, windows, tokens=True)
 
     def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
         expansion = self.rules.expansion

@@ -11,13 +11,8 @@ from infinity.tasks.base import Request, Task, activate
 
 class Ranking(Task):
     name = "ranking"
+    windowed = True
     window_rule = "each window of the document beside the whole query, the best window's score the document's"
-
-    @property
-    def windowed(self) -> bool:  # type: ignore[override]
-        """A cross-encoder reads the query and a window of the document as a pair; a causal reranker's document
-        sits inside its prompt, where no window is cut yet."""
-        return self.manifest.task.reranker is None
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """Each document's score: the best of its windows' (before the activation, which keeps their order)."""
@@ -31,17 +26,18 @@ class Ranking(Task):
         return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
 
     def pairs(self, query: str, texts: list[str], instruction: str | None = None) -> Request:
-        return Request([self.pair(query, text, instruction) for text in texts])
+        return Request([(query, text) for text in texts], instruction=instruction)
 
-    def pair(self, query: str, text: str, instruction: str | None = None) -> TextInput:
-        """What the tokenizer reads for one pair: the pair itself, or a causal reranker's filled-in template (its
-        tokenizer puts the prompt's prefix and suffix around it), with the manifest's instruction unless the
-        request names its own."""
+    def templated(self, request: Request, texts: list[TextInput]) -> list[TextInput]:
+        """A causal reranker reads each (query, document) pair through its template, with the manifest's
+        instruction unless the request names its own (its tokenizer puts the prompt's prefix and suffix around
+        it); a cross-encoder reads the pair itself."""
         reranker = self.manifest.task.reranker
         if reranker is None:
-            return query, text
-        return reranker.template.format(instruction=reranker.instruction if instruction is None else instruction,
-                                        query=query, document=text)
+            return texts
+        instruction = reranker.instruction if request.instruction is None else request.instruction
+        return [reranker.template.format(instruction=instruction, query=text[0], document=text[1])
+                if isinstance(text, tuple) else text for text in texts]
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output[:, 0]

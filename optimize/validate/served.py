@@ -24,7 +24,6 @@ from infinity.tasks import Request, make_task
 from infinity.tasks.feature_extraction import l2_normalize
 from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
-from infinity.tasks.ranking import Ranking
 from optimize.agreement import Outputs, ParityResult
 from optimize.onnxio import external_files
 from optimize.tasks import task_for
@@ -109,12 +108,10 @@ def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
 
 
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
-    """The inputs as a client's request with the defaults: the default prompt, a causal reranker's template, a
-    multi-vector model's document role."""
+    """The inputs as a client's request with the defaults: the default prompt, a multi-vector model's document
+    role (a causal reranker's template is put around each pair as the server reads it)."""
     if isinstance(model.task, PromptedTask):
         return model.task.prompted(Request(list(inputs)), None)
-    if isinstance(model.task, Ranking):  # a causal reranker reads each pair through its template
-        return Request([model.task.pair(*pair) if isinstance(pair, tuple) else pair for pair in inputs])
     if isinstance(model.task, MultiVectorEmbedding):
         return model.task.request(list(inputs), DOCUMENT)
     return Request(list(inputs))
