@@ -1,6 +1,6 @@
 """The container images: scripts/container-check.sh builds both with podman and smoke-runs them.
 
-It needs root (it installs podman, buildah, runc and debootstrap with apt-get when they are missing)
+It needs root (it installs podman, buildah, runc and mmdebstrap with apt-get when they are missing)
 and takes a few minutes; INFINITY_CONTAINER_CHECK=0 skips it on a workstation.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _reason_to_skip() -> str | None:
     if os.environ.get("INFINITY_CONTAINER_CHECK", "1").lower() in ("0", "false", "no", "off"):
         return "INFINITY_CONTAINER_CHECK=0"
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        return "the container check needs root on Linux (podman, debootstrap)"
+        return "the container check needs root on Linux (podman, mmdebstrap)"
     if not (shutil.which("podman") or shutil.which("apt-get")):
         return "no podman, and no apt-get to install it"
     return None
