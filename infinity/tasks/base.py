@@ -97,13 +97,12 @@ class Task:
 
 def token_rows(rows: np.ndarray, windows: list[list[Encoded]], first: int = 0) -> np.ndarray:
     """Each text's token rows, its windows' one after another (from each window but the text's first, its tokens
-    from `first` on), padded to the longest text."""
-    texts = [np.concatenate([rows[start, :len(text[0])],
-                             *(rows[start + k, first:len(window)] for k, window in enumerate(text[1:], 1))])
-             for text, (start, _) in zip(windows, Task.spans(windows))]
-    joined = np.zeros((len(texts), max(len(text) for text in texts), *rows.shape[2:]), rows.dtype)
-    for row, text in zip(joined, texts):
-        row[:len(text)] = text
+    from `first` on), as an object array of one array per text: padding every text to the longest would take the
+    longest text's memory once per text."""
+    joined = np.empty(len(windows), dtype=object)
+    for index, (text, (start, _)) in enumerate(zip(windows, Task.spans(windows))):
+        joined[index] = np.concatenate([rows[start, :len(text[0])],
+                                        *(rows[start + k, first:len(window)] for k, window in enumerate(text[1:], 1))])
     return joined
 
 

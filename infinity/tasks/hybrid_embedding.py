@@ -59,7 +59,7 @@ class HybridEmbedding(FeatureExtraction):
 
     def embed(self, rows: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """The dense vectors: each text's first token's hidden state (the server pads on the right)."""
-        return super().embed(rows[:, 0, :self.layout.hidden_size], normalize, dimensions)
+        return super().embed(np.stack([row[0, :self.layout.hidden_size] for row in rows]), normalize, dimensions)
 
     def sparse_answers(self, rows: np.ndarray, encoded: list[Encoded], threshold: float = 0.0,
                        top_k: int | None = None) -> list[SparseVector]:
