@@ -73,12 +73,12 @@ class LoadedModel:
         the maximum length: each window's text (the characters its tokens cover) goes into the template as the
         document, and a document that fits is the one window it is without chunking."""
         limit = self.tokenizer.max_length
-        whole = self.tokenizer.lengths(self.task.templated(request, pairs))  # type: ignore[arg-type]
+        whole = self.tokenizer.lengths(self.task.templated(request, pairs))
         frames = self.tokenizer.lengths(self.task.templated(request, [(query, "") for query, _ in pairs]))
         rooms = [limit - frame if length > limit else length for length, frame in zip(whole, frames)]
         documents = self.tokenizer.text_windows([document for _, document in pairs], rooms, overlap)
         flat = [(query, window) for (query, _), windows in zip(pairs, documents) for window in windows]
-        items = iter(self.tokenizer.encode(self.task.templated(request, flat)))  # type: ignore[arg-type]
+        items = iter(self.tokenizer.encode(self.task.templated(request, flat)))
         return [[next(items) for _ in windows] for windows in documents]
 
     def forward(self, encoded: list[Encoded], tokens: bool = False) -> np.ndarray:

@@ -2,6 +2,7 @@
 The API families (infinity/api/) turn their bodies into a Request and the rows into their answers."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,9 +51,9 @@ class Task:
         self.manifest = manifest
         self.directory = directory
 
-    def templated(self, request: Request, texts: list[TextInput]) -> list[TextInput]:
+    def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
         """What the tokenizer reads of the request's texts: as sent, unless the task puts them in a template."""
-        return texts
+        return list(texts)
 
     def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
         """The request's tokens as the model reads them: as tokenized, unless the task adds to them."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,13 +29,13 @@ class Ranking(Task):
     def pairs(self, query: str, texts: list[str], instruction: str | None = None) -> Request:
         return Request([(query, text) for text in texts], instruction=instruction)
 
-    def templated(self, request: Request, texts: list[TextInput]) -> list[TextInput]:
+    def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
         """A causal reranker reads each (query, document) pair through its template, with the manifest's
         instruction unless the request names its own (its tokenizer puts the prompt's prefix and suffix around
         it); a cross-encoder reads the pair itself."""
         reranker = self.manifest.task.reranker
         if reranker is None:
-            return texts
+            return list(texts)
         instruction = reranker.instruction if request.instruction is None else request.instruction
         return [reranker.template.format(instruction=instruction, query=text[0], document=text[1])
                 if isinstance(text, tuple) else text for text in texts]
