@@ -125,18 +125,24 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
                                                                                  tmp_path: Path) -> None:
     document = prose(1200)
     with running(minilm_fp32_artifact, tmp_path / "server.log", "--chunk-long-inputs", "--chunk-overlap", "32",
-                 "--max-chunks-per-input", "8") as server:
+                 "--max-chunks-per-input", "8", "--max-inputs-per-request", "8") as server:
         answer = post(server.url + "/predict", {"inputs": document})
         cohere = post(server.url + "/v2/embed", {"texts": [document], "embedding_types": ["float"]})
         too_many = post(server.url + "/v1/embeddings", {"input": prose(3000)})
         tokens = post(server.url + "/embed_all", {"inputs": [document, "A short text."]})
         short = post(server.url + "/embed_all", {"inputs": "A short text.", "chunking": False})
+        # every token's vectors: no more than 8 texts of 256 tokens could ask for without chunking
+        too_many_vectors = post(server.url + "/embed_all", {"inputs": [document, document]})
+        pooled = post(server.url + "/embed", {"inputs": [document, document]})
     assert answer.status_code == 200, answer.text[:300]
     np.testing.assert_allclose(answer.json(), windowed_reference(document, overlap=32), atol=1e-4)
     # every token's vector: the windows' one after another, each window's special tokens included
     np.testing.assert_allclose(tokens.json()[0], np.concatenate(minilm_windows(document, overlap=32)), atol=1e-4)
     assert tokens.json()[1] == short.json()[0] and tokens.headers["x-compute-windows"] == str(
         int(answer.headers["x-compute-windows"]) + 1)
+    assert too_many_vectors.status_code == 413 and pooled.status_code == 200
+    message = too_many_vectors.json()["error"]
+    assert "token's vectors holds at most 2048 (--max-inputs-per-request x the maximum length)" in message
     assert cohere.json()["embeddings"]["float"][0] == answer.json()
     assert too_many.status_code == 413
     message = too_many.json()["error"]["message"]

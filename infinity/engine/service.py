@@ -217,6 +217,14 @@ class Service:
                 length = min(request.max_length or self.model.tokenizer.max_length, self.model.tokenizer.max_length)
                 raise PayloadTooLarge(f"input {index} takes {len(text)} windows of {length} tokens; the limit is "
                                       f"{limit} (--max-chunks-per-input)")
+        if request.tokens or self.model.task.rows_per_token:
+            # an answer of every token's numbers is held to what a request without chunking can ask for
+            most = self.settings.max_inputs_per_request * self.model.tokenizer.max_length
+            tokens = sum(len(window) for text in windows for window in text)
+            if tokens > most:
+                raise PayloadTooLarge(f"the texts take {tokens} tokens in their windows, and an answer of every "
+                                      f"token's vectors holds at most {most} (--max-inputs-per-request x the maximum "
+                                      f"length); send fewer or shorter texts")
         return windows
 
     def _encode(self, request: Request) -> list[Encoded]:

@@ -46,6 +46,7 @@ class Task:
     name: str = ""
     windowed = False  # runs a long text whole, in windows (joined_windows)
     window_rule = ""  # how the windows' rows become the text's, for the request field's description
+    rows_per_token = False  # its answer holds numbers for every token (multi-vector, hybrid), so grows with them
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
         self.manifest = manifest

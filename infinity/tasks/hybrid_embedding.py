@@ -29,6 +29,7 @@ class HybridEmbedding(FeatureExtraction):
         self.layout: Hybrid = manifest.task.hybrid
         self.unused = np.asarray(self.layout.unused_ids, dtype=np.int64)
 
+    rows_per_token = True
     window_rule = ("each head by its own rule: the dense vector its windows' averaged by token count, the sparse "
                    "weights each token id's largest over the windows, the ColBERT vectors the windows' in order")
 

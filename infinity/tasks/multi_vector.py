@@ -27,6 +27,7 @@ def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
 class MultiVectorEmbedding(Task):
     name = "multi-vector"
     windowed = True
+    rows_per_token = True
     window_rule = ("a document's windows of its own length, each beginning with its prompt, their token vectors one "
                    "after another (a query is cut to its length, as the model cuts it)")
 
