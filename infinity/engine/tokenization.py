@@ -87,7 +87,7 @@ class TextTokenizer:
         """`max_length`: at most this many tokens (never more than the model's own maximum)."""
         limit = self.max_length if max_length is None else min(max_length, self.max_length)
         tokenizer = self._cutter(direction, limit) if truncate else self._full
-        encodings = tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])
+        encodings = tokenizer.encode_batch(_inputs(texts))
         result = [self._framed(_to_encoded(e)) for e in encodings]
         if not truncate:
             for index, item in enumerate(result):
@@ -136,7 +136,7 @@ class TextTokenizer:
                                     strategy="only_second" if pairs else "longest_first", direction="right")
         if not marker:
             return [[self._framed(_to_encoded(window)) for window in (encoding, *encoding.overflowing)]
-                    for encoding in tokenizer.encode_batch([list(t) if isinstance(t, tuple) else t for t in texts])]
+                    for encoding in tokenizer.encode_batch(_inputs(texts))]
         result = []
         for text in texts:
             assert isinstance(text, str) and text.startswith(prompt)
@@ -157,8 +157,7 @@ class TextTokenizer:
     def lengths(self, texts: list[TextInput]) -> list[int]:
         """Each text's tokens, never cut, the frame included."""
         frame = len(self._frame[0]) + len(self._frame[1])
-        return [len(e.ids) + frame for e in self._full.encode_batch([list(t) if isinstance(t, tuple) else t
-                                                                     for t in texts])]
+        return [len(e.ids) + frame for e in self._full.encode_batch(_inputs(texts))]
 
     def text_windows(self, documents: list[str], rooms: list[int], overlap: int) -> list[list[str]]:
         """Each document as the texts of consecutive windows of its tokens, at most its `room` of them each, the
@@ -206,6 +205,11 @@ class TextTokenizer:
 
     def decode(self, token_ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         return self._full.decode_batch(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def _inputs(texts: list[TextInput]) -> list[str | list[str]]:
+    """Texts and pairs as tokenizers takes them (a pair as a list of two)."""
+    return [list(text) if isinstance(text, tuple) else text for text in texts]
 
 
 def _to_encoded(encoding: Encoding) -> Encoded:

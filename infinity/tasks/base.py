@@ -80,6 +80,10 @@ class Task:
         ends = np.cumsum([len(text) for text in windows]).tolist()
         return list(zip([0, *ends[:-1]], ends))
 
+    def largest(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
+        """Each text's row: the largest of its windows' rows, entry by entry."""
+        return np.stack([rows[start:end].max(axis=0) for start, end in self.spans(windows)])
+
     def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
                tokens: bool = False) -> tuple[np.ndarray, list[Encoded]]:
         """Each text's row and encoding from its windows' (see --chunk-long-inputs): with `tokens`, every token's

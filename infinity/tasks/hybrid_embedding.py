@@ -41,10 +41,8 @@ class HybridEmbedding(FeatureExtraction):
         ColBERT vectors of every token but the first)."""
         joined = token_rows(rows, windows, first=1)
         hidden = self.layout.hidden_size
-        for row, text, (start, end) in zip(joined, windows, self.spans(windows)):
-            if end - start > 1:
-                weights = np.array([len(window) for window in text], np.float64)
-                row[0, :hidden] = weights @ rows[start:end, 0, :hidden].astype(np.float64) / weights.sum()
+        for row, dense in zip(joined, self.joined_windows(rows[:, 0, :hidden], windows)):
+            row[0, :hidden] = dense
         return joined, [concatenated([text[0], *(strip_first(window) for window in text[1:])]) for text in windows]
 
     def selection(self) -> dict[str, Schema]:

@@ -17,7 +17,7 @@ class Ranking(Task):
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """Each document's score: the best of its windows' (before the activation, which keeps their order)."""
-        return np.array([rows[start:end].max(axis=0) for start, end in self.spans(windows)], rows.dtype)
+        return self.largest(rows, windows)
 
     def instruction_field(self) -> dict[str, Schema]:
         """A causal reranker's task description, in place of the manifest's for one request; others take none."""

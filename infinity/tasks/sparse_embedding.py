@@ -60,7 +60,7 @@ class SparseEmbedding(PromptedTask):
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """Each text's weights: the largest of its windows' for every vocabulary entry (the activations are
         monotonic, so taking them before or after the maximum gives the same weights)."""
-        return np.stack([rows[start:end].max(axis=0) for start, end in self.spans(windows)])
+        return self.largest(rows, windows)
 
     def selection(self) -> dict[str, Schema]:
         return selection(self.manifest.task.embedding_dim)
