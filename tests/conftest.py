@@ -32,7 +32,12 @@ from tests.models import (  # noqa: E402
     minilm_dir,
 )
 
+from optimize.presets import resolve_target  # noqa: E402
+
 ArtifactFactory = Callable[..., Path]
+# the CPU target `--target auto` picks on this host: an artifact of another target may not serve here (an icelake
+# INT8 graph is refused on an AVX2-only CPU)
+HOST_TARGET = resolve_target("auto").name
 RERANKERS = {"qwen3-reranker-tiny": "qwen3"}  # causal rerankers' prompts, by source model
 
 
@@ -87,7 +92,7 @@ class ArtifactCache:
                 build_minilm_head(name, path)
         return path
 
-    def family(self, family: str, task: str, precision: str, target: str = "icelake") -> tuple[Path, Path]:
+    def family(self, family: str, task: str, precision: str, target: str = HOST_TARGET) -> tuple[Path, Path]:
         """(source, artifact) of a tiny `family` model (tests/models.py: FAMILIES or VARIANTS) for `task`; INT8
         artifacts are written whatever their parity, which the manifest records."""
         from optimize.pipeline import OptimizeOptions, optimize
@@ -105,7 +110,7 @@ class ArtifactCache:
                                          allow_failed_parity=precision == "int8"), log=lambda _: None)
         return source, out
 
-    def artifact(self, task: str, precision: str = "fp32", target: str = "icelake", model: str | None = None) -> Path:
+    def artifact(self, task: str, precision: str = "fp32", target: str = HOST_TARGET, model: str | None = None) -> Path:
         from optimize.pipeline import OptimizeOptions, optimize
 
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
@@ -130,7 +135,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
 
 @pytest.fixture(scope="session")
 def artifact_for(artifacts: ArtifactCache) -> ArtifactFactory:
-    """artifact_for(task, precision="fp32", target="icelake", model=None) -> artifact directory."""
+    """artifact_for(task, precision="fp32", target=HOST_TARGET, model=None) -> artifact directory."""
     return artifacts.artifact
 
 
@@ -146,7 +151,7 @@ def minilm_int8_artifact(artifacts: ArtifactCache) -> Path:
 
 @pytest.fixture(scope="session")
 def family_artifact(artifacts: ArtifactCache) -> Callable[..., tuple[Path, Path]]:
-    """family_artifact(family, task, precision, target="icelake") -> (source directory, artifact directory)."""
+    """family_artifact(family, task, precision, target=HOST_TARGET) -> (source directory, artifact directory)."""
     return artifacts.family
 
 
