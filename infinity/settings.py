@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+OPENAI_TOKEN_IDS = ("cl100k_base", "model")
 # Long enough to bridge the gaps between one run's operators, short enough that workers do not spin through the
 # event loop's turn between batches: concurrency-16 throughput 1.02-1.11x ONNX Runtime's default at 8 tokens, and the
 # same latency at concurrency 1
@@ -88,6 +89,10 @@ class Settings:
     served_model_name: str | None = option(None, "the model's name in /v1/models, /info and every answer (default: its"
                                                  " hub id from the manifest, else the directory name it was optimized "
                                                  "from)")
+    openai_token_ids: str = option("cl100k_base", "what token-id arrays on /v1/embeddings are: cl100k_base, OpenAI's "
+                                                  "tokens (what LangChain's OpenAIEmbeddings sends by default), "
+                                                  "decoded and read as text; model, this model's own ids (/tokenize's),"
+                                                  " run as given")
     default_prompt_name: str | None = option(None, "the model's prompt put before texts of requests that name none "
                                                    "(default: the model's own default prompt, if any)")
 
@@ -127,5 +132,7 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (not value.strip() or value != value.strip()):
                 raise ValueError(f"{name} must be non-empty, without surrounding blanks")
+        if self.openai_token_ids not in OPENAI_TOKEN_IDS:
+            raise ValueError(f"openai_token_ids must be one of {', '.join(OPENAI_TOKEN_IDS)}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")

@@ -19,6 +19,7 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // WORKERS)))
 
+from optimize.presets import resolve_target  # noqa: E402
 from tests.models import (  # noqa: E402
     build_minilm_head,
     build_tiny_colbert,
@@ -31,8 +32,6 @@ from tests.models import (  # noqa: E402
     build_tiny_splade,
     minilm_dir,
 )
-
-from optimize.presets import resolve_target  # noqa: E402
 
 ArtifactFactory = Callable[..., Path]
 # the CPU target `--target auto` picks on this host: an artifact of another target may not serve here (an icelake

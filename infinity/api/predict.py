@@ -3,6 +3,7 @@
 SageMaker's /invocations, Vertex AI's instances and KServe's parameters take the same."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -13,7 +14,7 @@ from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Sche
 from infinity.tasks import Request, Task
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.hybrid_embedding import HEADS, HybridEmbedding
-from infinity.tasks.multi_vector import MultiVectorEmbedding
+from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sequence_classification import SequenceClassification
 from infinity.tasks.sparse_embedding import SparseEmbedding
@@ -24,9 +25,10 @@ T = TypeVar("T", bound=Task)
 
 @dataclass
 class Parsed:
-    """A /predict body's inputs and parameters, checked: the core request plus what the answer needs."""
-    request: Request
-    params: dict[str, Any]
+    """A /predict body's inputs, as the model reads them before the task's prompt or template, and what the answer
+    needs of its parameters."""
+    inputs: list[TextInput]
+    options: dict[str, Any]
     single: bool
 
 
@@ -39,8 +41,14 @@ def one_or_many(answer: dict[str, Any]) -> dict[str, Any]:
     return {"oneOf": [answer, {"type": "array", "items": answer, "minItems": 1}]}
 
 
+def listed(inputs: str | list[Any]) -> list[Any]:
+    """One input or a list of them, as a list."""
+    return [inputs] if isinstance(inputs, str) else list(inputs)
+
+
 class Predict(Generic[T]):
-    """One task's /predict."""
+    """One task's /predict, and the one place its core request is built: every API family renames its body into
+    /predict's inputs and parameters and calls request()."""
     # body fields beside "parameters" that TEI and huggingface_hub send at the top level of /predict
     top_level: tuple[str, ...] = ()
     # the hosted Inference API (and so huggingface_hub) wraps a single input's answer in a list of one
@@ -62,8 +70,22 @@ class Predict(Generic[T]):
         raise NotImplementedError
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        """Checked inputs and parameters -> the core request; params lack the keys the client left out."""
-        raise NotImplementedError
+        """Checked inputs and parameters -> the texts (or pairs) to run and the answer's options; params lack the
+        keys the client left out."""
+        return Parsed(listed(inputs), {}, isinstance(inputs, str))
+
+    def request(self, inputs: Sequence[TextInput], params: Mapping[str, Any], token_ids: list[list[int]] | None = None,
+                tokens: bool = False) -> Request:
+        """The core request for texts (or pairs, or token ids) under /predict's parameters, their defaults where
+        params lack them: truncation, chunking, and the task's own (prompt, role, instruction)."""
+        request = Request(list(inputs), token_ids=token_ids, tokens=tokens, chunk=params.get("chunking"),
+                          truncate=params.get("truncate", True),
+                          direction=params.get("truncation_direction", "right"))
+        return self.specific(request, params)
+
+    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+        """The request with what the task's own parameters set."""
+        return request
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         raise NotImplementedError
@@ -95,25 +117,30 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
         return {"oneOf": [numbers, {"type": "array", "items": self.task.vector_doc(), "minItems": 1}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        task = self.task
-        options = {"normalize": params.get("normalize", task.manifest.task.normalize),
+        options = {"normalize": params.get("normalize", self.task.manifest.task.normalize),
                    "dimensions": params.get("dimensions"), "similarity": isinstance(inputs, dict),
                    "precision": params.get("precision", "float")}
-        name, chunk = params.get("prompt_name"), params.get("chunking")
-        task.check_precision([options["precision"]])
         if options["similarity"]:
-            texts = [inputs["source_sentence"], *inputs["sentences"]]
-            return Parsed(task.prompted(Request(texts, chunk=chunk), name), options, single=False)
-        if isinstance(inputs, str):
-            return Parsed(task.prompted(Request([inputs], chunk=chunk), name), options, single=True)
-        return Parsed(task.prompted(Request(list(inputs), chunk=chunk), name), options, single=False)
+            return Parsed([inputs["source_sentence"], *inputs["sentences"]], options, single=False)
+        return Parsed(listed(inputs), options, isinstance(inputs, str))
+
+    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+        self.task.check_precision([params.get("precision", "float")])
+        return self.task.prompted(request, params.get("prompt_name"))
+
+    def vectors(self, rows: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """The vectors the parameters ask for: cut to `dimensions`, normalized (the model's default), at
+        `precision`."""
+        return self.task.answer_vectors(rows, params.get("precision", "float"),
+                                        params.get("normalize", self.task.manifest.task.normalize),
+                                        params.get("dimensions"))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        params = parsed.params
-        if params["similarity"]:
-            vectors = self.task.embed(rows, True, params["dimensions"])
+        options = parsed.options
+        if options["similarity"]:
+            vectors = self.task.embed(rows, True, options["dimensions"])
             return vectors[1:] @ vectors[0]
-        vectors = self.task.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
+        vectors = self.vectors(rows, options)
         return vectors[0] if parsed.single else vectors
 
 
@@ -139,15 +166,15 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         parsed = super().parse(inputs, params)
-        parsed.params.update(outputs=params.get("outputs", list(HEADS)), threshold=params.get("threshold", 0.0),
-                             top_k=params.get("top_k"))
+        parsed.options.update(outputs=params.get("outputs", list(HEADS)), threshold=params.get("threshold", 0.0),
+                              top_k=params.get("top_k"))
         return parsed
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        task, params, heads = self.task, parsed.params, parsed.params["outputs"]
+        task, params, heads = self.task, parsed.options, parsed.options["outputs"]
         by_head: dict[str, Any] = {}
         if "dense" in heads:
-            by_head["dense"] = task.answer_vectors(rows, params["precision"], params["normalize"], params["dimensions"])
+            by_head["dense"] = self.vectors(rows, params)
         if "sparse" in heads:
             by_head["sparse"] = task.sparse_answers(rows, encoded, params["threshold"], params["top_k"])
         if "colbert" in heads:
@@ -167,12 +194,13 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        request = Request(texts, chunk=params.get("chunking"))
-        return Parsed(self.task.prompted(request, params.get("prompt_name")), options, isinstance(inputs, str))
+        return Parsed(listed(inputs), options, isinstance(inputs, str))
+
+    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+        return self.task.prompted(request, params.get("prompt_name"))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        vectors = self.task.sparse_answers(rows, encoded, parsed.params["threshold"], parsed.params["top_k"])
+        vectors = self.task.sparse_answers(rows, encoded, parsed.options["threshold"], parsed.options["top_k"])
         return vectors[0] if parsed.single else vectors
 
 
@@ -186,13 +214,13 @@ class MultiVectorPredict(Predict[MultiVectorEmbedding]):
         return one_or_many(self.task.matrix_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        request = self.task.request(texts, params.get("input_type", "document"))
-        request.chunk = params.get("chunking")
-        return Parsed(request, {}, isinstance(inputs, str))
+        return Parsed(listed(inputs), {"input_type": params.get("input_type", DOCUMENT)}, isinstance(inputs, str))
+
+    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+        return self.task.in_role(request, params.get("input_type", DOCUMENT))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        vectors = self.task.vectors(rows, encoded, parsed.request.role or "document")
+        vectors = self.task.vectors(rows, encoded, parsed.options["input_type"])
         return vectors[0] if parsed.single else vectors
 
 
@@ -213,13 +241,21 @@ class RankingPredict(Predict[Ranking]):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
                    "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
-        request = self.task.pairs(inputs["query"], inputs["texts"], params.get("instruction"))
-        request.chunk = params.get("chunking")
-        return Parsed(request, options, single=False)
+        return Parsed(pairs(inputs["query"], inputs["texts"]), options, single=False)
+
+    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+        request.instruction, request.document_tokens = params.get("instruction"), params.get("max_tokens_per_doc")
+        return request
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        params = parsed.params
-        return self.task.answer(rows, params["texts"], params["raw_scores"], params["top_n"], params["return_text"])
+        options = parsed.options
+        return self.task.answer(rows, options["texts"], options["raw_scores"], options["top_n"],
+                                options["return_text"])
+
+
+def pairs(query: str, texts: list[str]) -> list[TextInput]:
+    """A ranker's inputs: the query beside each text."""
+    return [(query, text) for text in texts]
 
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -262,11 +298,11 @@ class SequenceClassificationPredict(Predict[SequenceClassification]):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"top_k": params.get("top_k"), "function_to_apply": self.function(params)}
         if isinstance(inputs, list):
-            return Parsed(Request([_text(item) for item in inputs]), options, single=False)
-        return Parsed(Request([_text(inputs)]), options, single=True)
+            return Parsed([_text(item) for item in inputs], options, single=False)
+        return Parsed([_text(inputs)], options, single=True)
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
-        results = self.task.labelled(rows, parsed.params["function_to_apply"], parsed.params["top_k"])
+        results = self.task.labelled(rows, parsed.options["function_to_apply"], parsed.options["top_k"])
         return results[0] if parsed.single else results
 
 
@@ -293,16 +329,14 @@ class TokenClassificationPredict(Predict[TokenClassification]):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"aggregation_strategy": params.get("aggregation_strategy", "simple"),
                    "ignore_labels": params.get("ignore_labels", ["O"])}
-        if isinstance(inputs, str):
-            return Parsed(Request([inputs]), options, single=True)
-        return Parsed(Request(inputs), options, single=False)
+        return Parsed(listed(inputs), options, isinstance(inputs, str))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         task = self.task
         labels = {i: task.labels.get(i, f"LABEL_{i}") for i in range(rows.shape[-1])}
-        results = [entities_for(str(text), probs, enc, labels, parsed.params["aggregation_strategy"],
-                                parsed.params["ignore_labels"], task.vocabulary)
-                   for probs, enc, text in zip(rows, encoded, parsed.request.texts)]
+        results = [entities_for(str(text), probs, enc, labels, parsed.options["aggregation_strategy"],
+                                parsed.options["ignore_labels"], task.vocabulary)
+                   for probs, enc, text in zip(rows, encoded, parsed.inputs)]
         return results[0] if parsed.single else results
 
 

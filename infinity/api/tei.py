@@ -5,10 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.hf import AT_TOP, ERRORS, HF, truncated, truncation
-from infinity.api.predict import texts_schema
+from infinity.api.hf import AT_TOP, ERRORS, HF, truncation
+from infinity.api.predict import (
+    FeatureExtractionPredict,
+    MultiVectorPredict,
+    RankingPredict,
+    listed,
+    pairs,
+    predict_for,
+    texts_schema,
+)
 from infinity.engine.service import Result
-from infinity.engine.tokenization import TextInput, TextTokenizer
+from infinity.engine.tokenization import TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
 from infinity.tasks import Request
 from infinity.tasks.feature_extraction import FeatureExtraction
@@ -22,26 +30,19 @@ TEI = HF
 EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
 
 
-def listed(inputs: str | list[str]) -> list[TextInput]:
-    """TEI's `inputs`, one text or a list of them, as a list: TEI answers a list either way."""
-    return [inputs] if isinstance(inputs, str) else list(inputs)
-
-
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
                      "dimensions": task.dimensions_field(), "precision": task.precision_field(),
                      **task.prompt_fields(), **task.chunking_fields(), **truncation()}, required=("inputs",))
 
+    operation = FeatureExtractionPredict(task)
+
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = listed(body["inputs"])
-        task.check_precision([body["precision"]])
-
         def render(result: Result) -> Any:
-            return task.answer_vectors(result.rows, body["precision"], body["normalize"], body.get("dimensions"))
+            return operation.vectors(result.rows, body)
 
-        return task.prompted(truncated(Request(texts, chunk=body.get("chunking")), body), body.get("prompt_name")), \
-            render
+        return operation.request(listed(body["inputs"]), body), render
 
     return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
@@ -55,15 +56,13 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
     schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **task.chunking_fields(), **truncation()},
                     required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = listed(body["inputs"])
-        request = task.prompted(truncated(Request(texts, tokens=True, chunk=body.get("chunking")), body),
-                                body.get("prompt_name"))
+    operation = predict_for(task)
 
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             return task.token_answers(result.rows, result.encoded)
 
-        return request, render
+        return operation.request(listed(body["inputs"]), body, tokens=True), render
 
     return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
                     {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
@@ -74,15 +73,13 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit), "input_type": task.role_field(), **task.chunking_fields(),
                      **truncation()}, required=("inputs",))
 
+    operation = MultiVectorPredict(task)
+
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        role = body["input_type"]
-
         def render(result: Result) -> Any:
-            return task.vectors(result.rows, result.encoded, role)
+            return task.vectors(result.rows, result.encoded, body["input_type"])
 
-        request = truncated(task.request(listed(body["inputs"]), role), body)
-        request.chunk = body.get("chunking")
-        return request, render
+        return operation.request(listed(body["inputs"]), body), render
 
     return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
                     {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
@@ -93,14 +90,13 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
     schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(),
                      **task.chunking_fields(), **truncation()}, required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
-        texts = listed(body["inputs"])
+    operation = predict_for(task)
 
+    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             return task.sparse_answers(result.rows, result.encoded, body["threshold"], body.get("top_k"))
 
-        request = truncated(Request(texts, chunk=body.get("chunking")), body)
-        return task.prompted(request, body.get("prompt_name")), render
+        return operation.request(listed(body["inputs"]), body), render
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,
@@ -113,13 +109,13 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
                      **task.instruction_field(), **task.chunking_fields(), **truncation()},
                     required=("query", "texts"))
 
+    operation = RankingPredict(task)
+
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
             return task.answer(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 
-        request = truncated(task.pairs(body["query"], body["texts"], body.get("instruction")), body)
-        request.chunk = body.get("chunking")
-        return request, render
+        return operation.request(pairs(body["query"], body["texts"]), body), render
 
     return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.ranking_doc(), body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)

@@ -3,7 +3,7 @@ out, on the routes Vertex names in AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE.
 
 Each instance is what /predict takes as `inputs` and each prediction is /predict's answer to it: a text gives a
 vector (feature-extraction) or its labels (sequence-classification), {"query", "texts"} gives the ranked texts.
-All instances run as one core request."""
+All instances run as one core request, built as /predict builds its own."""
 from __future__ import annotations
 
 from typing import Any
@@ -26,20 +26,19 @@ def predict(task: Task, limit: int, route: str) -> Endpoint:
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         params = body.get("parameters", {})
         parsed = [per_instance.parse(instance, params) for instance in body["instances"]]
-        texts = [text for each in parsed for text in each.request.texts]
-        if len(texts) > limit:
-            raise PayloadTooLarge(f"the instances hold {len(texts)} inputs; the limit is {limit}")
-        request = hf.truncated(Request(texts), params)
+        inputs = [item for each in parsed for item in each.inputs]
+        if len(inputs) > limit:
+            raise PayloadTooLarge(f"the instances hold {len(inputs)} inputs; the limit is {limit}")
 
         def render(result: Result) -> Any:
             predictions, start = [], 0
             for each in parsed:
-                stop = start + each.request.size
+                stop = start + len(each.inputs)
                 predictions.append(per_instance.respond(result.rows[start:stop], each, result.encoded[start:stop]))
                 start = stop
             return {"predictions": predictions}
 
-        return request, render
+        return per_instance.request(inputs, params), render
 
     answer = {"type": "object", "required": ["predictions"],
               "properties": {"predictions": {"type": "array", "items": per_instance.answer_doc()}}}

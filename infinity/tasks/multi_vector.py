@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity.engine.tokenization import Encoded, TextInput
+from infinity.engine.tokenization import Encoded
 from infinity.manifest import ROLES, Manifest, MultiVector, QueryExpansion
 from infinity.schema import Choice, Schema
 from infinity.tasks.base import Request, Task
@@ -24,6 +24,9 @@ def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
                    attended=None if expansion.attend else len(item))
 
 
+DOCUMENT = "document"  # the role of an input whose request names none
+
+
 class MultiVectorEmbedding(Task):
     name = "multi-vector"
     windowed = True
@@ -38,7 +41,7 @@ class MultiVectorEmbedding(Task):
         self.skiplist = np.asarray(self.rules.skiplist_ids, dtype=np.int64)
 
     def role_field(self) -> Schema:
-        return Choice(ROLES, default="document",
+        return Choice(ROLES, default=DOCUMENT,
                       description="query or document: each gets the model's own prompt and length, a query its "
                                   "expansion, a document its skiplist")
 
@@ -48,14 +51,16 @@ class MultiVectorEmbedding(Task):
             vector["minItems"] = vector["maxItems"] = self.manifest.task.embedding_dim
         return {"type": "array", "items": vector, "description": "one vector per token the model scores"}
 
-    def request(self, texts: list[TextInput], role: str) -> Request:
-        """Texts in one role, with its prompt before each and its maximum length."""
+    def in_role(self, request: Request, role: str) -> Request:
+        """The request's texts in one role, with its prompt before each and its maximum length."""
         prompt = self.manifest.task.prompts.get(role, "")
-        return Request([prompt + text for text in texts] if prompt else texts,  # type: ignore[operator]  # texts
-                       max_length=self.rules.max_length(role), role=role, prompt=prompt)
+        if prompt:
+            request.texts = [prompt + text for text in request.texts]  # type: ignore[operator]  # texts, not pairs
+        request.max_length, request.role, request.prompt = self.rules.max_length(role), role, prompt
+        return request
 
     def in_windows(self, request: Request) -> bool:
-        return request.role == "document"
+        return request.role == DOCUMENT
 
     def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
                tokens: bool = False) -> tuple[np.ndarray, list[Encoded]]:

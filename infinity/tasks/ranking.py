@@ -26,9 +26,6 @@ class Ranking(Task):
             return {}
         return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
 
-    def pairs(self, query: str, texts: list[str], instruction: str | None = None) -> Request:
-        return Request([(query, text) for text in texts], instruction=instruction)
-
     def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
         """A causal reranker reads each (query, document) pair through its template, with the manifest's
         instruction unless the request names its own (its tokenizer puts the prompt's prefix and suffix around

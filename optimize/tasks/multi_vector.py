@@ -8,7 +8,7 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import EXPANSIONS, ROLES, MultiVector, QueryExpansion, TaskFacts, TaskName
-from infinity.tasks.multi_vector import MultiVectorEmbedding
+from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
 from optimize import agreement
 from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, dense_width, hidden_size, read_json
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 MULTI_VECTOR_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"}
 EXPANSION_KEYS = {"strategy", "attend", "token", "length"}
 DOCUMENT_PROMPTS = ("document", "passage", "corpus")  # the names MultiVectorEncoder.encode_document looks for
-DOCUMENT = "document"  # the role parity is measured in: what a request gets by default
 
 
 class MultiVectorTask(OptimizerTask):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from infinity.api.predict import predict_for
 from infinity.engine.batcher import overfull
 from infinity.engine.model import LoadedModel, artifact_tokenizer
 from infinity.engine.session import Engine
@@ -22,13 +23,10 @@ from infinity.manifest import Manifest
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.feature_extraction import l2_normalize
-from infinity.tasks.multi_vector import MultiVectorEmbedding
-from infinity.tasks.prompts import PromptedTask
 from optimize.agreement import Outputs, ParityResult
 from optimize.onnxio import external_files
 from optimize.tasks import task_for
 from optimize.tasks.hybrid_embedding import HybridAnswer
-from optimize.tasks.multi_vector import DOCUMENT
 from optimize.validate.parity import batch_invariance, compare, worst
 
 SHUFFLE_SEED = 7
@@ -108,13 +106,9 @@ def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
 
 
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
-    """The inputs as a client's request with the defaults: the default prompt, a multi-vector model's document
-    role (a causal reranker's template is put around each pair as the server reads it)."""
-    if isinstance(model.task, PromptedTask):
-        return model.task.prompted(Request(list(inputs)), None)
-    if isinstance(model.task, MultiVectorEmbedding):
-        return model.task.request(list(inputs), DOCUMENT)
-    return Request(list(inputs))
+    """The inputs as a client's request with every default, built where the server builds every route's: the
+    default prompt, a multi-vector model's document role, a causal reranker's template."""
+    return predict_for(model.task).request(inputs, {})
 
 
 def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
