@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from bench.inprocess import predict
 from bench.loadgen import closed_loop, open_loop
 from bench.process import Server, cpu_list
 from bench.stats import percentile, summarize
 from bench.texts import text_with_tokens
 from bench.vanilla_server import create_app
-from tests.inprocess import predict
 from tests.test_server_process import server  # noqa: F401  (a real server process on a free port)
 
 

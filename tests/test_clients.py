@@ -74,21 +74,41 @@ def test_openai_client_base64_default_float_and_dimensions(embedder: Server) -> 
         client.embeddings.create(model="m", input=[])
 
 
-def test_openai_token_id_inputs_are_embedded_as_given(embedder: Server) -> None:
-    tokens = post(embedder, "/tokenize", {"inputs": TEXTS[:2]}).json()
-    ids = [[token["id"] for token in text] for text in tokens]
+def test_openai_token_ids_are_openai_tokens_read_as_their_text(embedder: Server) -> None:
+    """OpenAI's API defines token ids as the OpenAI model's tokens (cl100k_base): they answer their text's vector."""
+    from infinity.api.openai import cl100k_base
+
+    ids = [cl100k_base().encode(text) for text in TEXTS[:2]]
     answer = post(embedder, "/v1/embeddings", {"input": ids, "model": "m", "encoding_format": "float"}).json()
-    np.testing.assert_allclose([d["embedding"] for d in answer["data"]], predicted(embedder, TEXTS[:2]), atol=1e-5)
+    np.testing.assert_array_equal([d["embedding"] for d in answer["data"]], predicted(embedder, TEXTS[:2]))
+    assert answer["usage"]["prompt_tokens"] == sum(len(t) for t in post(embedder, "/tokenize",
+                                                                        {"inputs": TEXTS[:2]}).json())
     one = post(embedder, "/v1/embeddings", {"input": ids[0], "model": "m", "encoding_format": "base64"}).json()
     vector = np.frombuffer(base64.b64decode(one["data"][0]["embedding"]), dtype="<f4")
-    np.testing.assert_allclose(vector, predicted(embedder, TEXTS[0]), atol=1e-5)
-    outside = post(embedder, "/v1/embeddings", {"input": [[101, 10 ** 9]], "model": "m"})
-    assert outside.status_code == 400 and outside.json()["error"]["type"] == "invalid_request_error"
-    longest = httpx.get(embedder.url + "/info", headers={"authorization": f"Bearer {KEY}"}).json()["max_length"]
-    for body in ({"input": [101] * 100_000}, {"input": [ids[0], [101] * (longest + 1)]}):
-        too_long = post(embedder, "/v1/embeddings", {**body, "model": "m"})
-        assert too_long.status_code == 400, too_long.text  # a too-long input, as a text is, not too many inputs
-        assert f"more than the model's maximum of {longest}" in too_long.json()["error"]["message"]
+    np.testing.assert_array_equal(vector, np.asarray(predicted(embedder, TEXTS[0]), dtype=np.float32))
+    for body, says in (({"input": [[101, 100270]]}, "token id 100270"),
+                       ({"input": [101, 10 ** 9]}, "token id 1000000000"),
+                       ({"input": [101] * 10_000}, "more than the maximum of 8192")):
+        refused = post(embedder, "/v1/embeddings", {**body, "model": "m"})
+        assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+        assert says in refused.json()["error"]["message"] and "cl100k_base" in refused.text, refused.text
+
+
+def test_with_openai_token_ids_model_token_ids_are_the_models_own_run_as_given(minilm_fp32_artifact: Path,
+                                                                               tmp_path: Path) -> None:
+    with running(minilm_fp32_artifact, tmp_path / "server.log", "--openai-token-ids", "model") as server:
+        tokens = post(server, "/tokenize", {"inputs": TEXTS[:2]}, key=None).json()
+        ids = [[token["id"] for token in text] for text in tokens]
+        answer = post(server, "/v1/embeddings", {"input": ids, "model": "m", "encoding_format": "float"}, None).json()
+        expected = post(server, "/predict", {"inputs": TEXTS[:2]}, None).json()
+        np.testing.assert_allclose([d["embedding"] for d in answer["data"]], expected, atol=1e-5)
+        outside = post(server, "/v1/embeddings", {"input": [[101, 10 ** 9]], "model": "m"}, None)
+        assert outside.status_code == 400 and "check_embedding_ctx_length=False" in outside.text
+        longest = httpx.get(server.url + "/info").json()["max_length"]
+        for body in ({"input": [101] * 100_000}, {"input": [ids[0], [101] * (longest + 1)]}):
+            too_long = post(server, "/v1/embeddings", {**body, "model": "m"}, None)
+            assert too_long.status_code == 400, too_long.text  # a too-long input, as a text is, not too many inputs
+            assert f"more than the maximum of {longest}" in too_long.json()["error"]["message"]
 
 
 def test_openai_models_lists_the_one_model(embedder: Server) -> None:

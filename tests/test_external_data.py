@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.inprocess import predict
 from infinity.cli import main
 from infinity.manifest import Manifest, sha256_file, verify_checksums
-from tests.inprocess import predict
 from tests.servers import running
 
 TEXTS = ["This movie was wonderful.", "Terrible service, never again.", "Angela Merkel visited Berlin."]

@@ -15,12 +15,12 @@ import jsonschema
 import numpy as np
 import pytest
 
+from bench.inprocess import predict
 from infinity.engine.model import LoadedModel
 from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.manifest import Manifest
 from infinity.tasks.multi_vector import expanded
 from optimize.source import load_source
-from tests.inprocess import predict
 from tests.servers import Server, running
 
 QUERIES = ["what is late interaction?", "ok", "Who wrote 'Hamlet', and when?",

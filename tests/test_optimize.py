@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
+from bench.inprocess import predict
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest, sha256_file, verify_checksums
-from tests.inprocess import predict
 
 QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
                  "DynamicQuantizeLinear"}

@@ -15,11 +15,11 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.inprocess import predict
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import pool
 from optimize.checkpoint import pooling_mode
 from optimize.source import hub_id, load_source
-from tests.inprocess import predict
 from tests.models import QWEN3_PROMPTS, minilm_dir
 from tests.servers import ROOT, Server, running
 

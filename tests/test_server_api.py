@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from bench.inprocess import predict
 from infinity.api.app import create_app
 from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
-from tests.inprocess import predict
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Berlin is the capital of Germany.",
          "I loved this film, the acting was superb!", "Terrible service; I will never come back."]

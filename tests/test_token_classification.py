@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from bench.inprocess import predict
 from infinity.engine.model import LoadedModel
 from infinity.errors import ValidationError
-from tests.inprocess import predict
 
 TEXTS = [
     "Hugging Face Inc. is a company based in New York City. Its headquarters are in DUMBO, "

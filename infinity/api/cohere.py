@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.predict import FeatureExtractionPredict, RankingPredict, pairs
+from infinity.api.operations import FeatureExtractionOperation, RankingOperation, pairs
 from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
 from infinity.tasks import Request
@@ -28,8 +28,8 @@ TRUNCATE: dict[str, dict[str, Any]] = {"NONE": {"truncate": False}, "START": {"t
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
-def body_schema(task: Ranking, limit: int) -> Object:
-    return Object({**task.instruction_field(),
+def body_schema(operation: RankingOperation, limit: int) -> Object:
+    return Object({**operation.instruction_field(),
         "query": Text(),
         "documents": Array(OneOf((Text(), DOCUMENT), 'a string or {"text": str}'), max_items=limit),
         "top_n": Integer(minimum=1, description="answer only the N most relevant documents"),
@@ -38,12 +38,12 @@ def body_schema(task: Ranking, limit: int) -> Object:
         "max_chunks_per_doc": Integer(minimum=1, description="accepted and ignored"),
         "max_tokens_per_doc": Integer(minimum=1, description="each document's tokens past this many are dropped "
                                                             "(before windows are cut, with chunking)"),
-        **task.chunking_fields(),
+        **operation.chunking_fields(),
     }, required=("query", "documents"))
 
 
 def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
-    operation = RankingPredict(task)
+    operation = RankingOperation(task)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
@@ -62,7 +62,7 @@ def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
         "document": {"type": "object", "properties": {"text": {"type": "string"}}}}}
     answer = {"type": "object", "required": ["results"], "properties": {
         "id": {"type": "string"}, "results": {"type": "array", "items": item}, "meta": {"type": "object"}}}
-    schema = body_schema(task, limit)
+    schema = body_schema(operation, limit)
     return [Endpoint(path, COHERE, "Rerank documents (Cohere)", answer, body=schema, prepare=prepare,
                      errors=ERRORS) for path in RERANK]
 
@@ -73,7 +73,7 @@ def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
 
 
 def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
-    operation = FeatureExtractionPredict(task)
+    operation = FeatureExtractionOperation(task)
     types = Choice(PRECISIONS, description="float, int8 and uint8 (ranges calibrated at optimize time), "
                                            "binary and ubinary (sign bits packed 8 to a byte)")
     schema = Object({
@@ -85,8 +85,8 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
         "embedding_types": Array(types, description="v2 answers float without it; v1 answers a plain float list"),
         "truncate": Choice(tuple(TRUNCATE), default="END", case_insensitive=True,
                            description="NONE answers 422 for inputs past the model's maximum length"),
-        "output_dimension": task.dimensions_field(),
-        **task.chunking_fields(),
+        "output_dimension": operation.dimensions_field(),
+        **operation.chunking_fields(),
         "max_tokens": Integer(minimum=1, description="accepted and ignored: inputs are cut at the model's maximum "
                                                      "length"),
     }, required=("texts",))
@@ -118,7 +118,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
                         errors=ERRORS, truncation_switch='"truncate": "END"')
 
-    vectors = {"type": "array", "items": task.vector_doc()}
+    vectors = {"type": "array", "items": operation.vector_doc()}
     answer_doc = {"type": "object", "required": ["id", "embeddings"], "properties": {
         "id": {"type": "string"}, "texts": {"type": "array", "items": {"type": "string"}},
         "embeddings": {"oneOf": [vectors, {"type": "object", "properties": {kind: vectors for kind in PRECISIONS}}]},

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.predict import Predict, predict_for
+from infinity.api.operations import Operation, operation_for
 from infinity.engine.service import Result
 from infinity.schema import Boolean, Choice, Object, Schema
 from infinity.tasks import Request, Task
@@ -29,20 +29,20 @@ AT_TOP = '"truncate": true'
 IN_PARAMETERS = '"parameters": {"truncate": true}'
 
 
-def body_schema(predict: Predict[Any], limit: int) -> Object:
-    parameters = {**predict.parameters(), **truncation()}
+def body_schema(operation: Operation[Any], limit: int) -> Object:
+    parameters = {**operation.parameters(), **truncation()}
     fields: dict[str, Schema] = {
-        "inputs": predict.inputs(limit),
+        "inputs": operation.inputs(limit),
         "parameters": Object(parameters, fill_defaults=False),
         "options": Object({}, open=True, description="accepted and ignored, as the Inference API sends it"),
     }
-    fields.update({name: parameters[name] for name in (*predict.top_level, "truncate", "truncation_direction")
+    fields.update({name: parameters[name] for name in (*operation.top_level, "truncate", "truncation_direction")
                    if name in parameters})
     return Object(fields, required=("inputs",), fill_defaults=False)
 
 
 def endpoints(task: Task, limit: int) -> list[Endpoint]:
-    predict = predict_for(task)
+    predict = operation_for(task)
 
     def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Request, Render]]:
         def prepare(body: dict[str, Any]) -> tuple[Request, Render]:

@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from infinity.api import hf
 from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
+from infinity.api.operations import SequenceClassificationOperation, operation_for
 from infinity.api.ops import version
-from infinity.api.predict import SequenceClassificationPredict, predict_for
 from infinity.engine.service import Result
 from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
@@ -65,7 +65,7 @@ def tensors(task: Task) -> Tensors | None:
 
         def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
             # the function /predict would apply with these parameters
-            return activate(rows, SequenceClassificationPredict(task).function(params))
+            return activate(rows, SequenceClassificationOperation(task).function(params))
 
         return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
                        pairs, scores)
@@ -94,7 +94,7 @@ def _input(names: tuple[str, ...], limit: int) -> Schema:
 
 
 def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
-    operation = predict_for(task)
+    operation = operation_for(task)
     parameters = Object({**operation.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))

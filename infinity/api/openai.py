@@ -11,7 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
-from infinity.api.predict import FeatureExtractionPredict, listed
+from infinity.api.operations import FeatureExtractionOperation, listed, prompt_fields
 from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
@@ -47,11 +47,13 @@ class TokenIds(Array):
     than the model takes is a too-long input (400), as a text is, not too many inputs (413); refused on its length,
     before its ids are read."""
     ids: int = 0
+    unit: str = ""  # what the ids are, in a few words
     meaning: str = ""
 
     def check(self, value: Any, where: str) -> list[Any]:
         if isinstance(value, list) and self.max_items is not None and len(value) > self.max_items:
-            raise ValidationError(f"{where} has {len(value)} token ids, more than the maximum of {self.max_items}")
+            raise ValidationError(f"{where} has {len(value)} token ids ({self.unit}), more than the maximum of "
+                                  f"{self.max_items}")
         outside = next((v for v in value if isinstance(v, int) and not 0 <= v < self.ids), None) \
             if isinstance(value, list) else None
         if outside is not None:
@@ -70,8 +72,9 @@ CL100K_MEANING = (f"cl100k_base's {CL100K_IDS} ids: token ids here are OpenAI's,
 def token_ids_schema(task: FeatureExtraction, vocabulary: int, token_ids: str) -> TokenIds:
     if token_ids == "model":
         return TokenIds(Integer(minimum=0), max_items=task.manifest.tokenizer.max_length, ids=vocabulary,
-                        meaning=MODEL_IDS.format(ids=vocabulary))
-    return TokenIds(Integer(minimum=0), max_items=CL100K_LENGTH, ids=CL100K_IDS, meaning=CL100K_MEANING)
+                        unit="this model's own ids", meaning=MODEL_IDS.format(ids=vocabulary))
+    return TokenIds(Integer(minimum=0), max_items=CL100K_LENGTH, ids=CL100K_IDS,
+                    unit="OpenAI's cl100k_base tokens", meaning=CL100K_MEANING)
 
 
 @functools.cache
@@ -107,8 +110,8 @@ def _decodes(encoding: Any, token: int) -> bool:
     return True
 
 
-def body_schema(task: FeatureExtraction, limit: int, vocabulary: int, token_ids: str) -> Object:
-    ids = token_ids_schema(task, vocabulary, token_ids)
+def body_schema(operation: FeatureExtractionOperation, limit: int, vocabulary: int, token_ids: str) -> Object:
+    ids = token_ids_schema(operation.task, vocabulary, token_ids)
     inputs = OneOf((Text(), Array(Text(), max_items=limit), ids, Array(ids, max_items=limit)),
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
     return Object({
@@ -117,12 +120,12 @@ def body_schema(task: FeatureExtraction, limit: int, vocabulary: int, token_ids:
         "encoding_format": Choice(("float", "base64"), default="float",
                                   description="base64: little-endian float32 bytes (at another precision, "
                                               "each integer as a float32)"),
-        "dimensions": task.dimensions_field(),
+        "dimensions": operation.dimensions_field(),
         "user": Text(allow_blank=True, description="accepted and ignored"),
         # not OpenAI's: the python client sends these with extra_body
-        "precision": task.precision_field(),
-        **task.prompt_fields(),
-        **task.chunking_fields(),
+        "precision": operation.precision_field(),
+        **prompt_fields(operation.task),
+        **operation.chunking_fields(),
     }, required=("input",))
 
 
@@ -135,7 +138,7 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 
 
 def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, token_ids: str) -> list[Endpoint]:
-    operation = FeatureExtractionPredict(task)
+    operation = FeatureExtractionOperation(task)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -154,14 +157,14 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, 
             return operation.request([], body, token_ids=ids), render
         return operation.request(decoded(ids, nested), body), render
 
-    vector = {"oneOf": [task.vector_doc(), {"type": "string", "format": "byte"}]}
+    vector = {"oneOf": [operation.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {
         "object": {"type": "string", "enum": ["list"]}, "model": {"type": "string"},
         "data": {"type": "array", "items": {"type": "object", "properties": {
             "object": {"type": "string", "enum": ["embedding"]}, "index": {"type": "integer"}, "embedding": vector}}},
         "usage": {"type": "object", "properties": {"prompt_tokens": {"type": "integer"},
                                                    "total_tokens": {"type": "integer"}}}}}
-    schema = body_schema(task, limit, vocabulary, token_ids)
+    schema = body_schema(operation, limit, vocabulary, token_ids)
     return [Endpoint(path, OPENAI, "Create embeddings (OpenAI)", answer, body=schema, prepare=prepare,
                      errors=ERRORS) for path in EMBEDDINGS]
 

@@ -2,17 +2,21 @@
 (TEI's error shape)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from infinity.api.endpoint import Endpoint, Render
 from infinity.api.hf import AT_TOP, ERRORS, HF, truncation
-from infinity.api.predict import (
-    FeatureExtractionPredict,
-    MultiVectorPredict,
-    RankingPredict,
+from infinity.api.operations import (
+    FeatureExtractionOperation,
+    HybridEmbeddingOperation,
+    MultiVectorOperation,
+    RankingOperation,
+    SparseEmbeddingOperation,
     listed,
+    operation_for,
     pairs,
-    predict_for,
+    prompt_fields,
+    sparse_vector_doc,
     texts_schema,
 )
 from infinity.engine.service import Result
@@ -31,12 +35,11 @@ EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse"
 
 
 def embed(task: FeatureExtraction, limit: int) -> Endpoint:
+    operation = FeatureExtractionOperation(task)
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
-                     "dimensions": task.dimensions_field(), "precision": task.precision_field(),
-                     **task.prompt_fields(), **task.chunking_fields(), **truncation()}, required=("inputs",))
-
-    operation = FeatureExtractionPredict(task)
+                     "dimensions": operation.dimensions_field(), "precision": operation.precision_field(),
+                     **prompt_fields(task), **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -44,7 +47,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
         return operation.request(listed(body["inputs"]), body), render
 
-    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": task.vector_doc()}, body=schema,
+    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": operation.vector_doc()}, body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
@@ -53,10 +56,9 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
     multi-vector model's: the tokens it scores, for the role the body names."""
     if isinstance(task, MultiVectorEmbedding):
         return multi_vectors(task, limit)
-    schema = Object({"inputs": texts_schema(limit), **task.prompt_fields(), **task.chunking_fields(), **truncation()},
-                    required=("inputs",))
-
-    operation = predict_for(task)
+    operation = cast(FeatureExtractionOperation, operation_for(task))
+    schema = Object({"inputs": texts_schema(limit), **prompt_fields(task), **operation.chunking_fields(),
+                     **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -65,15 +67,14 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
         return operation.request(listed(body["inputs"]), body, tokens=True), render
 
     return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
-                    {"type": "array", "items": task.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
+                    {"type": "array", "items": operation.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
 
 def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
-    schema = Object({"inputs": texts_schema(limit), "input_type": task.role_field(), **task.chunking_fields(),
-                     **truncation()}, required=("inputs",))
-
-    operation = MultiVectorPredict(task)
+    operation = MultiVectorOperation(task)
+    schema = Object({"inputs": texts_schema(limit), "input_type": operation.role_field(),
+                     **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -82,15 +83,14 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
         return operation.request(listed(body["inputs"]), body), render
 
     return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
-                    {"type": "array", "items": task.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
+                    {"type": "array", "items": operation.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
 
 def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
-    schema = Object({"inputs": texts_schema(limit), **task.selection(), **task.prompt_fields(),
-                     **task.chunking_fields(), **truncation()}, required=("inputs",))
-
-    operation = predict_for(task)
+    operation = cast(SparseEmbeddingOperation | HybridEmbeddingOperation, operation_for(task))
+    schema = Object({"inputs": texts_schema(limit), **operation.selection(), **prompt_fields(task),
+                     **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
@@ -99,25 +99,24 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
         return operation.request(listed(body["inputs"]), body), render
 
     return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
-                    {"type": "array", "items": SparseEmbedding.vector_doc()}, body=schema, prepare=prepare,
+                    {"type": "array", "items": sparse_vector_doc()}, body=schema, prepare=prepare,
                     errors=ERRORS, truncation_switch=AT_TOP)
 
 
 def rerank(task: Ranking, limit: int) -> Endpoint:
+    operation = RankingOperation(task)
     schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
                      "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
-                     **task.instruction_field(), **task.chunking_fields(), **truncation()},
+                     **operation.instruction_field(), **operation.chunking_fields(), **truncation()},
                     required=("query", "texts"))
-
-    operation = RankingPredict(task)
 
     def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
         def render(result: Result) -> Any:
-            return task.answer(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
+            return operation.ranking(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 
         return operation.request(pairs(body["query"], body["texts"]), body), render
 
-    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", task.ranking_doc(), body=schema,
+    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", operation.answer_doc(), body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from infinity.api import hf, ops
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.predict import predict_for
+from infinity.api.operations import operation_for
 from infinity.engine.service import Result
 from infinity.errors import PayloadTooLarge
 from infinity.schema import Array, Object
@@ -18,7 +18,7 @@ from infinity.tasks import Request, Task
 
 
 def predict(task: Task, limit: int, route: str) -> Endpoint:
-    per_instance = predict_for(task)
+    per_instance = operation_for(task)
     parameters = Object({**per_instance.parameters(), **hf.truncation()}, fill_defaults=False)
     schema = Object({"instances": Array(per_instance.inputs(limit), max_items=limit), "parameters": parameters},
                     required=("instances",), fill_defaults=False)

@@ -11,7 +11,6 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput, concatenated
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.schema import Boolean, Schema
 
 DIRECTIONS = ("right", "left")
 
@@ -45,7 +44,7 @@ class Request:
 class Task:
     name: str = ""
     windowed = False  # runs a long text whole, in windows (joined_windows)
-    window_rule = ""  # how the windows' rows become the text's, for the request field's description
+    window_rule = ""  # how the windows' rows become the text's, as the chunking field describes it
     rows_per_token = False  # its answer holds numbers for every token (multi-vector, hybrid), so grows with them
 
     def __init__(self, manifest: Manifest, directory: Path | None = None) -> None:
@@ -63,12 +62,6 @@ class Task:
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
-
-    def chunking_fields(self) -> dict[str, Schema]:
-        if not self.windowed:
-            return {}
-        return {"chunking": Boolean(description=f"run a text longer than the model's maximum length whole: "
-                                                f"{self.window_rule} (default: the server's --chunk-long-inputs)")}
 
     def in_windows(self, request: Request) -> bool:
         """Whether the request's long texts run whole in windows, where chunking is asked for."""

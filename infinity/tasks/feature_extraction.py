@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from infinity.engine.tokenization import Encoded
 from infinity.errors import ValidationError
 from infinity.manifest import RANGES, Manifest
-from infinity.schema import Choice, Integer
 from infinity.tasks.prompts import PromptedTask
 
 
@@ -44,10 +42,6 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 PRECISIONS = ("float", "int8", "uint8", "binary", "ubinary")
-PRECISION_HELP = ("float; int8 or uint8 (each dimension in 256 steps over the range the optimizer calibrated on the "
-                  "full vectors; with dimensions, the first N steps); binary or ubinary (one sign bit per "
-                  "dimension, packed 8 to a byte): sentence-transformers' quantize_embeddings. Sentence-similarity "
-                  "answers cosines of the float vectors")
 
 
 def quantized(vectors: np.ndarray, precision: str, ranges: np.ndarray | None) -> np.ndarray:
@@ -79,13 +73,6 @@ class FeatureExtraction(PromptedTask):
     def dim(self) -> int | None:
         return self.manifest.task.embedding_dim
 
-    def dimensions_field(self) -> Integer:
-        return Integer(minimum=1, maximum=self.dim,
-                       description="keep the first N dimensions (Matryoshka), then normalize")
-
-    def precision_field(self) -> Choice:
-        return Choice(PRECISIONS, default="float", description=PRECISION_HELP)
-
     def check_precision(self, precisions: list[str]) -> None:
         """int8 and uint8 need the ranges the optimizer writes into the manifest."""
         ranged = [p for p in precisions if p in ("int8", "uint8")]
@@ -103,13 +90,6 @@ class FeatureExtraction(PromptedTask):
         self.check_precision([precision])
         steps = quantized(self.embed(rows, normalize), precision, self.ranges[RANGES[0 if normalize else 1]])
         return np.ascontiguousarray(steps[:, :dimensions])
-
-    def vector_doc(self) -> dict[str, Any]:
-        """One embedding: `dimensions` shortens it, so its length is a range."""
-        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
-        if self.dim:
-            vector["maxItems"] = self.dim
-        return vector
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if self.manifest.task.pooled_in_graph:
@@ -129,10 +109,6 @@ class FeatureExtraction(PromptedTask):
     def token_answers(self, rows: np.ndarray, encoded: list[Encoded]) -> list[np.ndarray]:
         """Each text's token vectors, from token_vectors' padded rows: every token's, padding cut."""
         return [row[:len(item)] for row, item in zip(rows, encoded)]
-
-    def token_doc(self) -> dict[str, Any]:
-        return {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
-                "description": "one vector per token, the special tokens included"}
 
     @property
     def windowed(self) -> bool:  # type: ignore[override]

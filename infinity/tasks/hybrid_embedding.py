@@ -4,16 +4,14 @@ the server reads each head's answer from them as bge-m3's reference code does.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from infinity.engine.tokenization import Encoded, concatenated
 from infinity.manifest import Hybrid, Manifest
-from infinity.schema import Schema
 from infinity.tasks.base import token_rows
 from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.sparse_embedding import SparseVector, selection, sparse_vector
+from infinity.tasks.sparse_embedding import SparseVector, sparse_vector
 
 HEADS = ("dense", "sparse", "colbert")
 
@@ -44,14 +42,6 @@ class HybridEmbedding(FeatureExtraction):
         for row, dense in zip(joined, self.joined_windows(rows[:, 0, :hidden], windows)):
             row[0, :hidden] = dense
         return joined, [concatenated([text[0], *(strip_first(window) for window in text[1:])]) for text in windows]
-
-    def selection(self) -> dict[str, Schema]:
-        return selection(None)
-
-    def token_doc(self) -> dict[str, Any]:
-        vector = {"type": "array", "items": {"type": "number"}, "minItems": self.layout.colbert_dim,
-                  "maxItems": self.layout.colbert_dim}
-        return {"type": "array", "items": vector, "description": "one ColBERT vector per token but the first"}
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return output.astype(np.float32)

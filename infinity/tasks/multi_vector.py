@@ -3,13 +3,11 @@ keeps the tokens the model's rules keep for the input's role, a query or a docum
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from infinity.engine.tokenization import Encoded
-from infinity.manifest import ROLES, Manifest, MultiVector, QueryExpansion
-from infinity.schema import Choice, Schema
+from infinity.manifest import Manifest, MultiVector, QueryExpansion
 from infinity.tasks.base import Request, Task
 
 
@@ -39,17 +37,6 @@ class MultiVectorEmbedding(Task):
         assert manifest.task.multi_vector is not None  # check_facts requires it
         self.rules: MultiVector = manifest.task.multi_vector
         self.skiplist = np.asarray(self.rules.skiplist_ids, dtype=np.int64)
-
-    def role_field(self) -> Schema:
-        return Choice(ROLES, default=DOCUMENT,
-                      description="query or document: each gets the model's own prompt and length, a query its "
-                                  "expansion, a document its skiplist")
-
-    def matrix_doc(self) -> dict[str, Any]:
-        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
-        if self.manifest.task.embedding_dim:
-            vector["minItems"] = vector["maxItems"] = self.manifest.task.embedding_dim
-        return {"type": "array", "items": vector, "description": "one vector per token the model scores"}
 
     def in_role(self, request: Request, role: str) -> Request:
         """The request's texts in one role, with its prompt before each and its maximum length."""

@@ -5,7 +5,6 @@ from pathlib import Path
 
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.schema import Choice, Refused, Schema
 from infinity.tasks.base import Request, Task
 
 
@@ -22,14 +21,6 @@ class PromptedTask(Task):
             raise ValueError(f"the default prompt name {name!r} is not one of the model's prompts "
                              f"({', '.join(self.manifest.task.prompts) or 'it has none'})")
         self.default_prompt_name = name
-
-    def prompt_fields(self) -> dict[str, Schema]:
-        """`prompt_name`, one of the model's prompts; a model without prompts refuses every name (422)."""
-        prompts = tuple(self.manifest.task.prompts)
-        if not prompts:
-            return {"prompt_name": Refused("this model has no prompts")}
-        default = f" (default: {self.default_prompt_name!r})" if self.default_prompt_name else ""
-        return {"prompt_name": Choice(prompts, description=f"the model's prompt put before each text{default}")}
 
     def prompt(self, name: str | None) -> str:
         """The text of the named prompt, or of the default one; "" where neither is set."""

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
-from infinity.schema import Schema, Text
 from infinity.tasks.base import Request, Task, activate
 
 
@@ -18,13 +16,6 @@ class Ranking(Task):
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """Each document's score: the best of its windows' (before the activation, which keeps their order)."""
         return self.largest(rows, windows)
-
-    def instruction_field(self) -> dict[str, Schema]:
-        """A causal reranker's task description, in place of the manifest's for one request; others take none."""
-        reranker = self.manifest.task.reranker
-        if reranker is None:
-            return {}
-        return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
 
     def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
         """A causal reranker reads each (query, document) pair through its template, with the manifest's
@@ -48,15 +39,3 @@ class Ranking(Task):
         scores = self.scores(rows, raw)
         return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")[:top_n]]
 
-    def ranking_doc(self) -> dict[str, Any]:
-        """The JSON schema of answer()."""
-        ranked = {"type": "object", "required": ["index", "score"],
-                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
-                                 "text": {"type": "string"}}}
-        return {"type": "array", "items": ranked}
-
-    def answer(self, rows: np.ndarray, texts: list[str], raw: bool, top_n: int | None,
-               return_text: bool) -> list[dict[str, Any]]:
-        """The ranking in the shape /predict and TEI's /rerank answer."""
-        return [{"index": i, "score": score, **({"text": texts[i]} if return_text else {})}
-                for i, score in self.ranked(rows, raw, top_n)]

@@ -9,7 +9,6 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded
 from infinity.manifest import SPLADE_MAX_LOGITS, Manifest
-from infinity.schema import Integer, Number, Schema
 from infinity.tasks.prompts import PromptedTask
 
 SparseVector = list[dict[str, Any]]  # [{"index": vocabulary id, "value": weight}, ...] in index order
@@ -30,13 +29,6 @@ def sparse_vector(indices: np.ndarray, values: np.ndarray, top_k: int | None = N
         chosen = np.sort(np.argpartition(values, len(indices) - top_k)[len(indices) - top_k:])
         indices, values = indices[chosen], values[chosen]
     return [{"index": index, "value": value} for index, value in zip(indices.tolist(), values.tolist())]
-
-
-def selection(vocabulary: int | None) -> dict[str, Schema]:
-    """Which weights a sparse answer lists: shared by /predict and /embed_sparse."""
-    return {"top_k": Integer(minimum=1, maximum=vocabulary,
-                             description="keep only the k largest weights of each vector"),
-            "threshold": Number(minimum=0.0, default=0.0, description="keep only weights above this")}
 
 
 class SparseEmbedding(PromptedTask):
@@ -61,17 +53,6 @@ class SparseEmbedding(PromptedTask):
         """Each text's weights: the largest of its windows' for every vocabulary entry (the activations are
         monotonic, so taking them before or after the maximum gives the same weights)."""
         return self.largest(rows, windows)
-
-    def selection(self) -> dict[str, Schema]:
-        return selection(self.manifest.task.embedding_dim)
-
-    @staticmethod
-    def vector_doc() -> dict[str, Any]:
-        entry = {"type": "object", "required": ["index", "value"],
-                 "properties": {"index": {"type": "integer", "minimum": 0,
-                                          "description": "the vocabulary id (a token of the model's tokenizer)"},
-                                "value": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}}
-        return {"type": "array", "items": entry, "description": "the non-zero weights, in vocabulary order"}
 
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch x vocabulary weights. The activation runs on each row's non-zero values apart, so a row's

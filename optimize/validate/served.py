@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infinity.api.predict import predict_for
+from infinity.api.operations import operation_for
 from infinity.engine.batcher import overfull
 from infinity.engine.model import LoadedModel, artifact_tokenizer
 from infinity.engine.session import Engine
@@ -108,7 +108,7 @@ def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
     """The inputs as a client's request with every default, built where the server builds every route's: the
     default prompt, a multi-vector model's document role, a causal reranker's template."""
-    return predict_for(model.task).request(inputs, {})
+    return operation_for(model.task).request(inputs, {})
 
 
 def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,

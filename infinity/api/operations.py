@@ -1,6 +1,7 @@
-"""Each task's /predict in the Hugging Face Inference API's shapes (transformers' pipelines): the schema of its
-`inputs` and `parameters`, how they become the core request, and how the core's rows become its answer. `/`,
-SageMaker's /invocations, Vertex AI's instances and KServe's parameters take the same."""
+"""Each task's operation, the API side of the task: the body fields every family shares, the one place its core
+request is built, and its answer with the answer's schema, in the Hugging Face Inference API's shapes
+(transformers' pipelines) that /predict, /, SageMaker's /invocations, Vertex AI's instances and KServe's parameters
+take. The other families rename their bodies into these fields and render the answer in their own shapes."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -10,11 +11,13 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
-from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
+from infinity.manifest import ROLES
+from infinity.schema import Array, Boolean, Choice, Integer, Number, Object, OneOf, Refused, Schema, Text
 from infinity.tasks import Request, Task
-from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.hybrid_embedding import HEADS, HybridEmbedding
 from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
+from infinity.tasks.prompts import PromptedTask
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sequence_classification import SequenceClassification
 from infinity.tasks.sparse_embedding import SparseEmbedding
@@ -41,12 +44,42 @@ def one_or_many(answer: dict[str, Any]) -> dict[str, Any]:
     return {"oneOf": [answer, {"type": "array", "items": answer, "minItems": 1}]}
 
 
+PRECISION_HELP = ("float; int8 or uint8 (each dimension in 256 steps over the range the optimizer calibrated on the "
+                  "full vectors; with dimensions, the first N steps); binary or ubinary (one sign bit per "
+                  "dimension, packed 8 to a byte): sentence-transformers' quantize_embeddings. Sentence-similarity "
+                  "answers cosines of the float vectors")
+
+
+def prompt_fields(task: PromptedTask) -> dict[str, Schema]:
+    """`prompt_name`, one of the model's prompts; a model without prompts refuses every name (422)."""
+    prompts = tuple(task.manifest.task.prompts)
+    if not prompts:
+        return {"prompt_name": Refused("this model has no prompts")}
+    default = f" (default: {task.default_prompt_name!r})" if task.default_prompt_name else ""
+    return {"prompt_name": Choice(prompts, description=f"the model's prompt put before each text{default}")}
+
+
+def selection(vocabulary: int | None) -> dict[str, Schema]:
+    """Which weights a sparse answer lists: shared by /predict and /embed_sparse."""
+    return {"top_k": Integer(minimum=1, maximum=vocabulary,
+                             description="keep only the k largest weights of each vector"),
+            "threshold": Number(minimum=0.0, default=0.0, description="keep only weights above this")}
+
+
+def sparse_vector_doc() -> dict[str, Any]:
+    entry = {"type": "object", "required": ["index", "value"],
+             "properties": {"index": {"type": "integer", "minimum": 0,
+                                      "description": "the vocabulary id (a token of the model's tokenizer)"},
+                            "value": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}}
+    return {"type": "array", "items": entry, "description": "the non-zero weights, in vocabulary order"}
+
+
 def listed(inputs: str | list[Any]) -> list[Any]:
     """One input or a list of them, as a list."""
     return [inputs] if isinstance(inputs, str) else list(inputs)
 
 
-class Predict(Generic[T]):
+class Operation(Generic[T]):
     """One task's /predict, and the one place its core request is built: every API family renames its body into
     /predict's inputs and parameters and calls request()."""
     # body fields beside "parameters" that TEI and huggingface_hub send at the top level of /predict
@@ -64,6 +97,13 @@ class Predict(Generic[T]):
     def parameters(self) -> dict[str, Schema]:
         """The task's own `parameters` (truncation is common to all and added by the route)."""
         return {}
+
+    def chunking_fields(self) -> dict[str, Schema]:
+        task = self.task
+        if not task.windowed:
+            return {}
+        return {"chunking": Boolean(description=f"run a text longer than the model's maximum length whole: "
+                                                f"{task.window_rule} (default: the server's --chunk-long-inputs)")}
 
     def answer_doc(self) -> dict[str, Any]:
         """The JSON schema of a 200 answer."""
@@ -91,7 +131,7 @@ class Predict(Generic[T]):
         raise NotImplementedError
 
 
-class FeatureExtractionPredict(Predict[FeatureExtraction]):
+class FeatureExtractionOperation(Operation[FeatureExtraction]):
     top_level: tuple[str, ...] = ("normalize", "dimensions", "prompt_name", "precision", "chunking")
 
     def inputs(self, limit: int) -> Schema:
@@ -102,11 +142,28 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
                      'a string, a list of strings, or {"source_sentence": str, "sentences": [str, ...]}')
 
     def parameters(self) -> dict[str, Schema]:
-        task = self.task
-        return {"normalize": Boolean(default=task.manifest.task.normalize,
+        return {"normalize": Boolean(default=self.task.manifest.task.normalize,
                                      description="scale each vector to unit length"),
-                "dimensions": task.dimensions_field(), "precision": task.precision_field(), **task.prompt_fields(),
-                **task.chunking_fields()}
+                "dimensions": self.dimensions_field(), "precision": self.precision_field(),
+                **prompt_fields(self.task), **self.chunking_fields()}
+
+    def dimensions_field(self) -> Integer:
+        return Integer(minimum=1, maximum=self.task.dim,
+                       description="keep the first N dimensions (Matryoshka), then normalize")
+
+    def precision_field(self) -> Choice:
+        return Choice(PRECISIONS, default="float", description=PRECISION_HELP)
+
+    def vector_doc(self) -> dict[str, Any]:
+        """One embedding: `dimensions` shortens it, so its length is a range."""
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
+        if self.task.dim:
+            vector["maxItems"] = self.task.dim
+        return vector
+
+    def token_doc(self) -> dict[str, Any]:
+        return {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+                "description": "one vector per token, the special tokens included"}
 
     def answer_doc(self) -> dict[str, Any]:
         # A single text's vector and sentence-similarity's cosines are both lists of numbers, so they share one arm
@@ -114,7 +171,7 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
         numbers = {"type": "array", "items": {"type": "number"}, "minItems": 1,
                    "description": "a single text's vector, or for sentence-similarity the cosine of each sentence "
                                   "with source_sentence"}
-        return {"oneOf": [numbers, {"type": "array", "items": self.task.vector_doc(), "minItems": 1}]}
+        return {"oneOf": [numbers, {"type": "array", "items": self.vector_doc(), "minItems": 1}]}
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"normalize": params.get("normalize", self.task.manifest.task.normalize),
@@ -144,10 +201,10 @@ class FeatureExtractionPredict(Predict[FeatureExtraction]):
         return vectors[0] if parsed.single else vectors
 
 
-class HybridEmbeddingPredict(FeatureExtractionPredict):
+class HybridEmbeddingOperation(FeatureExtractionOperation):
     """The dense answer as feature-extraction gives it, beside the sparse and ColBERT ones `outputs` names."""
     task: HybridEmbedding
-    top_level = (*FeatureExtractionPredict.top_level, "outputs", "top_k", "threshold")
+    top_level = (*FeatureExtractionOperation.top_level, "outputs", "top_k", "threshold")
 
     def inputs(self, limit: int) -> Schema:
         return texts_schema(limit)  # no sentence-similarity
@@ -155,12 +212,19 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
     def parameters(self) -> dict[str, Schema]:
         return {"outputs": Array(Choice(HEADS), max_items=len(HEADS), default=list(HEADS),
                                  description="which embeddings each answer holds"),
-                **super().parameters(), **self.task.selection()}
+                **super().parameters(), **self.selection()}
+
+    def selection(self) -> dict[str, Schema]:
+        return selection(None)
+
+    def token_doc(self) -> dict[str, Any]:
+        width = self.task.layout.colbert_dim
+        vector = {"type": "array", "items": {"type": "number"}, "minItems": width, "maxItems": width}
+        return {"type": "array", "items": vector, "description": "one ColBERT vector per token but the first"}
 
     def answer_doc(self) -> dict[str, Any]:
-        task = self.task
-        one = {"type": "object", "properties": {"dense": task.vector_doc(), "sparse": SparseEmbedding.vector_doc(),
-                                                "colbert": task.token_doc()},
+        one = {"type": "object", "properties": {"dense": self.vector_doc(), "sparse": sparse_vector_doc(),
+                                                "colbert": self.token_doc()},
                "description": "the embeddings `outputs` names"}
         return one_or_many(one)
 
@@ -183,14 +247,17 @@ class HybridEmbeddingPredict(FeatureExtractionPredict):
         return answers[0] if parsed.single else answers
 
 
-class SparseEmbeddingPredict(Predict[SparseEmbedding]):
+class SparseEmbeddingOperation(Operation[SparseEmbedding]):
     top_level = ("top_k", "threshold", "prompt_name")
 
     def parameters(self) -> dict[str, Schema]:
-        return {**self.task.selection(), **self.task.prompt_fields(), **self.task.chunking_fields()}
+        return {**self.selection(), **prompt_fields(self.task), **self.chunking_fields()}
+
+    def selection(self) -> dict[str, Schema]:
+        return selection(self.task.manifest.task.embedding_dim)
 
     def answer_doc(self) -> dict[str, Any]:
-        return one_or_many(self.task.vector_doc())
+        return one_or_many(sparse_vector_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
@@ -204,14 +271,25 @@ class SparseEmbeddingPredict(Predict[SparseEmbedding]):
         return vectors[0] if parsed.single else vectors
 
 
-class MultiVectorPredict(Predict[MultiVectorEmbedding]):
+class MultiVectorOperation(Operation[MultiVectorEmbedding]):
     top_level = ("input_type", "chunking")
 
     def parameters(self) -> dict[str, Schema]:
-        return {"input_type": self.task.role_field(), **self.task.chunking_fields()}
+        return {"input_type": self.role_field(), **self.chunking_fields()}
+
+    def role_field(self) -> Schema:
+        return Choice(ROLES, default=DOCUMENT,
+                      description="query or document: each gets the model's own prompt and length, a query its "
+                                  "expansion, a document its skiplist")
+
+    def matrix_doc(self) -> dict[str, Any]:
+        vector: dict[str, Any] = {"type": "array", "items": {"type": "number"}}
+        if self.task.manifest.task.embedding_dim:
+            vector["minItems"] = vector["maxItems"] = self.task.manifest.task.embedding_dim
+        return {"type": "array", "items": vector, "description": "one vector per token the model scores"}
 
     def answer_doc(self) -> dict[str, Any]:
-        return one_or_many(self.task.matrix_doc())
+        return one_or_many(self.matrix_doc())
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         return Parsed(listed(inputs), {"input_type": params.get("input_type", DOCUMENT)}, isinstance(inputs, str))
@@ -224,7 +302,7 @@ class MultiVectorPredict(Predict[MultiVectorEmbedding]):
         return vectors[0] if parsed.single else vectors
 
 
-class RankingPredict(Predict[Ranking]):
+class RankingOperation(Operation[Ranking]):
     top_level = ("raw_scores", "chunking")
 
     def inputs(self, limit: int) -> Schema:
@@ -233,10 +311,27 @@ class RankingPredict(Predict[Ranking]):
     def parameters(self) -> dict[str, Schema]:
         return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
                 "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
-                **self.task.instruction_field(), **self.task.chunking_fields()}
+                **self.instruction_field(), **self.chunking_fields()}
+
+    def instruction_field(self) -> dict[str, Schema]:
+        """A causal reranker's task description, in place of the manifest's for one request; others take none."""
+        reranker = self.task.manifest.task.reranker
+        if reranker is None:
+            return {}
+        return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
 
     def answer_doc(self) -> dict[str, Any]:
-        return self.task.ranking_doc()
+        """The JSON schema of ranking()."""
+        ranked = {"type": "object", "required": ["index", "score"],
+                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
+                                 "text": {"type": "string"}}}
+        return {"type": "array", "items": ranked}
+
+    def ranking(self, rows: np.ndarray, texts: list[str], raw: bool, top_n: int | None,
+                return_text: bool) -> list[dict[str, Any]]:
+        """The ranking in the shape /predict and TEI's /rerank answer."""
+        return [{"index": i, "score": score, **({"text": texts[i]} if return_text else {})}
+                for i, score in self.task.ranked(rows, raw, top_n)]
 
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         options = {"top_n": params.get("top_n"), "return_text": params.get("return_text", False),
@@ -249,8 +344,7 @@ class RankingPredict(Predict[Ranking]):
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
         options = parsed.options
-        return self.task.answer(rows, options["texts"], options["raw_scores"], options["top_n"],
-                                options["return_text"])
+        return self.ranking(rows, options["texts"], options["raw_scores"], options["top_n"], options["return_text"])
 
 
 def pairs(query: str, texts: list[str]) -> list[TextInput]:
@@ -271,7 +365,7 @@ def _text(item: Any) -> TextInput:
     return str(item)
 
 
-class SequenceClassificationPredict(Predict[SequenceClassification]):
+class SequenceClassificationOperation(Operation[SequenceClassification]):
     top_level = ("raw_scores",)
     nests_single_answer = True
 
@@ -306,7 +400,7 @@ class SequenceClassificationPredict(Predict[SequenceClassification]):
         return results[0] if parsed.single else results
 
 
-class TokenClassificationPredict(Predict[TokenClassification]):
+class TokenClassificationOperation(Operation[TokenClassification]):
     def parameters(self) -> dict[str, Schema]:
         return {"aggregation_strategy": Choice(STRATEGIES, default="simple", case_insensitive=True),
                 "ignore_labels": Array(Text(allow_blank=True), min_items=0, default=["O"])}
@@ -340,13 +434,13 @@ class TokenClassificationPredict(Predict[TokenClassification]):
         return results[0] if parsed.single else results
 
 
-BY_TASK: dict[str, type[Predict[Any]]] = {
-    FeatureExtraction.name: FeatureExtractionPredict, HybridEmbedding.name: HybridEmbeddingPredict,
-    SparseEmbedding.name: SparseEmbeddingPredict, MultiVectorEmbedding.name: MultiVectorPredict,
-    Ranking.name: RankingPredict, SequenceClassification.name: SequenceClassificationPredict,
-    TokenClassification.name: TokenClassificationPredict,
+BY_TASK: dict[str, type[Operation[Any]]] = {
+    FeatureExtraction.name: FeatureExtractionOperation, HybridEmbedding.name: HybridEmbeddingOperation,
+    SparseEmbedding.name: SparseEmbeddingOperation, MultiVectorEmbedding.name: MultiVectorOperation,
+    Ranking.name: RankingOperation, SequenceClassification.name: SequenceClassificationOperation,
+    TokenClassification.name: TokenClassificationOperation,
 }
 
 
-def predict_for(task: Task) -> Predict[Any]:
+def operation_for(task: Task) -> Operation[Any]:
     return BY_TASK[task.name](task)
