@@ -396,7 +396,7 @@ def check_facts(manifest: Manifest) -> None:
             raise ManifestError(f"manifest field {where} must be 64 lowercase hex digits, not {digest!r}")
     if not manifest.target.providers:
         raise ManifestError("manifest field target.providers must name at least one execution provider")
-    facts, sparse = manifest.task, manifest.source.task == "sparse-embedding"
+    facts, sparse = manifest.task, manifest.source.task == TaskName.SPARSE_EMBEDDING
     checks = [
         ("tokenizer.max_length", manifest.tokenizer.max_length >= 1, "at least 1"),
         ("tokenizer.pad_id", manifest.tokenizer.pad_id >= 0, "at least 0"),
@@ -417,11 +417,11 @@ def check_facts(manifest: Manifest) -> None:
                 for ranges in facts.embedding_ranges.values())),
          f"{' and '.join(RANGES)}, each two lists of one number per dimension, minimums then maximums"),
     ]
-    if manifest.source.task == "hybrid-embedding":
+    if manifest.source.task == TaskName.HYBRID_EMBEDDING:
         hybrid = facts.hybrid
         checks.append(("task.hybrid", hybrid is not None and hybrid.hidden_size >= 1 and hybrid.colbert_dim >= 1,
                        "the widths of the hidden state and the ColBERT vector, at least 1 each"))
-    if manifest.source.task == "multi-vector":
+    if manifest.source.task == TaskName.MULTI_VECTOR:
         multi = facts.multi_vector
         expansion = multi.expansion if multi is not None else None
         checks += [

@@ -1,4 +1,5 @@
-"""Assemble the artifact directory and its manifest; publish it with one rename."""
+"""What the manifest records of the build: the libraries' versions, the graph file's description, the time. The
+manifest is assembled in pipeline.Build and published with one rename by infinity.manifest.write_atomically."""
 from __future__ import annotations
 
 import datetime as dt

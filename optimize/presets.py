@@ -70,7 +70,8 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
     TargetPreset(
         "icelake",
         "AVX-512 VNNI: per-token INT8 (one scale per token: an answer never depends on its batch), SmoothQuant "
-        "alpha 0.5, per-channel weights at 8 bits when every node quantizes within parity on a VNNI build host "
+        "with each input's strength chosen by the parity search (0.5 where nodes stay float), per-channel weights "
+        "at 8 bits when every node quantizes within parity on a VNNI build host "
         "(first with one calibrated scale for LayerNorm and attention outputs, which the INT8 MatMul applies in "
         "its kernel), else 7 with the parity search (see the weight bits' reason).",
         _CPU, (Precision.INT8, Precision.FP32), ("avx512f", "avx512_vnni"), PER_TOKEN_ON_VNNI),

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from infinity.api.app import LastResort, create_app
+from infinity.api.openai import OPENAI
 from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
 from infinity.settings import Settings
@@ -304,10 +305,13 @@ def test_anything_unexpected_becomes_a_json_500_and_the_app_keeps_serving() -> N
         from starlette.responses import PlainTextResponse
         return PlainTextResponse("ok")
 
-    app = Starlette(routes=[Route("/broken", broken), Route("/fine", fine)], middleware=[Middleware(LastResort)])
+    app = Starlette(routes=[Route("/broken", broken), Route("/fine", fine), Route("/v1/embeddings", broken)],
+                    middleware=[Middleware(LastResort, families={"/v1/embeddings": OPENAI})])
     with TestClient(app) as client:
         assert_error(client.get("/broken"), 500, "internal")
         assert client.get("/fine").text == "ok"
+        answer = client.get("/v1/embeddings")  # in the route family's shape, as every other error on it
+        assert answer.status_code == 500 and answer.json()["error"]["type"] == "server_error"
 
 
 def test_a_request_before_warm_up_is_503(model: LoadedModel) -> None:

@@ -45,11 +45,13 @@ def http_errors(families: dict[str, Family]) -> Callable[[HTTPRequest, Exception
 
 
 class LastResort:
-    """Anything unexpected becomes a JSON 500; the server keeps serving."""
+    """Anything unexpected becomes a JSON 500 in the route family's error shape; the server keeps serving."""
 
-    def __init__(self, app: ASGIApp, failed: Callable[[str], None] = lambda path: None) -> None:
+    def __init__(self, app: ASGIApp, failed: Callable[[str], None] = lambda path: None,
+                 families: dict[str, Family] | None = None) -> None:
         self.app = app
         self.failed = failed  # counts a failure by the request's path
+        self.families = families or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +70,8 @@ class LastResort:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             self.failed(scope.get("path", ""))
             if not started:
-                await HF.failure(ErrorType.INTERNAL, "internal server error")(scope, receive, send)
+                family = self.families.get(scope.get("path", ""), HF)
+                await family.failure(ErrorType.INTERNAL, "internal server error")(scope, receive, send)
 
 
 def _view(endpoint: Endpoint) -> View:
@@ -99,10 +102,12 @@ def create_app(router: Router) -> Starlette:
     def failed(path: str) -> None:
         service.metrics.failed(router.route_label(path), ErrorType.INTERNAL)
 
-    middleware = [Middleware(Observed, observers=router.observers), Middleware(LastResort, failed=failed),
+    families = {e.path: e.family for e in router.routes}
+    middleware = [Middleware(Observed, observers=router.observers),
+                  Middleware(LastResort, failed=failed, families=families),
                   Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={HTTPException: http_errors({e.path: e.family for e in router.routes})})
+                    exception_handlers={HTTPException: http_errors(families)})
     app.router.redirect_slashes = False  # "/predict/" is a 404 in JSON, not a 307 to follow
     title = f"infinity: {manifest.source.task} with {served_name(manifest, settings)}"
     app.state.openapi = openapi.document(router.served, title, version(), secured=bool(settings.api_keys))

@@ -70,7 +70,7 @@ class Router:
         except Exception:
             log.exception("unhandled error on POST %s", path)
             self.service.metrics.failed(path, ErrorType.INTERNAL)
-            return HF.failure(ErrorType.INTERNAL, "internal server error")
+            return self.inference[path].family.failure(ErrorType.INTERNAL, "internal server error")
 
     def closed(self, path: str) -> None:
         closed(self.inference[path], self.service)
