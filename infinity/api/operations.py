@@ -434,7 +434,7 @@ class TokenClassificationOperation(Operation[TokenClassification]):
         return results[0] if parsed.single else results
 
 
-BY_TASK: dict[str, type[Operation[Any]]] = {
+OPERATIONS: dict[str, type[Operation[Any]]] = {
     FeatureExtraction.name: FeatureExtractionOperation, HybridEmbedding.name: HybridEmbeddingOperation,
     SparseEmbedding.name: SparseEmbeddingOperation, MultiVectorEmbedding.name: MultiVectorOperation,
     Ranking.name: RankingOperation, SequenceClassification.name: SequenceClassificationOperation,
@@ -443,4 +443,4 @@ BY_TASK: dict[str, type[Operation[Any]]] = {
 
 
 def operation_for(task: Task) -> Operation[Any]:
-    return BY_TASK[task.name](task)
+    return OPERATIONS[task.name](task)
