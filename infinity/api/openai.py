@@ -121,6 +121,8 @@ def body_schema(operation: FeatureExtractionOperation, limit: int, vocabulary: i
                                   description="base64: little-endian float32 bytes (at another precision, "
                                               "each integer as a float32)"),
         "dimensions": operation.dimensions_field(),
+        # michaelfeil/infinity's name for it, which LiteLLM's infinity/ provider sends
+        "output_dimension": operation.dimensions_field(),
         "user": Text(allow_blank=True, description="accepted and ignored"),
         # not OpenAI's: the python client sends these with extra_body
         "precision": operation.precision_field(),
@@ -148,6 +150,10 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, 
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
+        if "output_dimension" in body:
+            if body.get("dimensions", body["output_dimension"]) != body["output_dimension"]:
+                raise ValidationError("dimensions and output_dimension name the same thing and differ")
+            body["dimensions"] = body["output_dimension"]
         value = body["input"]
         if isinstance(value, str) or isinstance(value[0], str):
             return operation.request(listed(value), body), render
