@@ -132,3 +132,17 @@ def test_servers_can_be_pinned_to_cpus_of_their_own():
         assert os.sched_getaffinity(pinned.process.pid) == one
     finally:
         pinned.stop()
+
+
+def test_the_efficiency_suite_counts_minilm_int8_work_from_its_graph(minilm_int8_artifact: Path) -> None:
+    """Every weight GEMM of the six layers (Q, K, V, output, FFN in and out) and the attention nodes, from the
+    graph; then one short measurement whose figures are positive (their size is the host's business)."""
+    from bench.efficiency import measure, work
+    from infinity.manifest import Manifest
+
+    counted = work(minilm_int8_artifact / Manifest.load(minilm_int8_artifact).model.file)
+    assert (counted.hidden, counted.intermediate, counted.layers) == (384, 1536, 6)
+    assert counted.gemm_macs == 6 * (4 * 384 * 384 + 2 * 384 * 1536)
+    assert counted.ops_per_token(64) == 2 * (counted.gemm_macs + 6 * 2 * 64 * 384)
+    [row] = measure(minilm_int8_artifact, [(2, 16)], threads=1, seconds=0.05, rounds=1)
+    assert row["tokens_per_s"] > 0 and row["ceiling_tops"] > 0 and row["efficiency"] > 0
