@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity import logs
+from infinity.bundle import BUNDLE_FILE
 from infinity.engine.hostinfo import physical_cores
-from infinity.engine.preflight import check, open_checked
+from infinity.engine.preflight import check, choose, open_checked
 from infinity.errors import StartupError
 from infinity.settings import Settings
 from infinity.startup import Startup
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
-    serve.add_argument("artifact", nargs="?", help=f"artifact directory (or {ENV_PREFIX}ARTIFACT); "
+    serve.add_argument("artifact", nargs="?", help=f"artifact directory, or a bundle of several targets' artifacts "
+                       f"(the one this CPU fits is served) (or {ENV_PREFIX}ARTIFACT); "
                        f"`{SAGEMAKER_START}` alone: SageMaker's start, serving {SAGEMAKER_MODEL_DIR} (or "
                        "SM_MODEL_DIR) if it holds an artifact")
     serve.add_argument("--api-key", dest="api_keys", action="append", metavar="KEY",
@@ -165,12 +167,12 @@ def warn_if_open(settings: Settings) -> None:
 
 
 def artifact_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """The artifact named, else SageMaker's model directory if it holds one, else INFINITY_ARTIFACT."""
+    """The artifact (or bundle) named, else SageMaker's model directory if it holds one, else INFINITY_ARTIFACT."""
     if args.artifact and args.artifact != SAGEMAKER_START:
         return str(args.artifact)
     if on_sagemaker(args, environ):
         model_dir = environ.get("SM_MODEL_DIR") or SAGEMAKER_MODEL_DIR
-        if (Path(model_dir) / "manifest.json").is_file():
+        if any((Path(model_dir) / name).is_file() for name in ("manifest.json", BUNDLE_FILE)):
             return model_dir
     artifact = environ.get(ENV_PREFIX + "ARTIFACT")
     if not artifact:
@@ -186,11 +188,14 @@ def serve(directory: Path, settings: Settings, startup: Startup) -> int:
     startup.mark("imports")
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)
-    check(directory, settings)
+    directory, selection = choose(directory, settings)  # a bundle: the target this CPU fits best
+    check(directory, settings, selection)
     sock = bind(settings.host, settings.port)
     startup.mark("checks")
     try:
-        router = Router.build(open_checked(directory, settings, threads, startup), settings)
+        model = open_checked(directory, settings, threads, startup)
+        model.bundle = selection
+        router = Router.build(model, settings)
         app = create_app(router)
         startup.mark("routes")
         return run(app, settings, sock, router.gate(), router.lane(), startup)

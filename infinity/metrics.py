@@ -2,7 +2,7 @@
 failures by route (a route's path from the route table, never a raw path), and the process's own figures."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -10,6 +10,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
@@ -54,6 +55,11 @@ class Metrics:
                                 "connection closed to make room.", ("reason",), registry=registry)
         self.depth = Gauge("infinity_queue_depth", "Requests waiting for the engine.", registry=registry)
         self.depth.set_function(queue_depth)
+        self.target = Info("infinity_target", "The hardware target served; bundle: the targets of the bundle it was "
+                           "chosen from, best first (empty: a single-target artifact).", registry=registry)
+
+    def serving(self, target: str, bundle: Sequence[str] = ()) -> None:
+        self.target.info({"target": target, "bundle": ",".join(bundle)})
 
     def answered(self, route: str, status: int | str) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -64,7 +64,8 @@ class Settings:
     body_timeout: float = option(30.0, "seconds for a request's body to arrive once its headers have; later: 408 and "
                                        "close")
     keep_alive_timeout: float = option(5.0, "seconds an idle connection stays open between requests")
-    allow_cpu_mismatch: bool = option(False, "serve although this CPU lacks the target's required flags")
+    allow_cpu_mismatch: bool = option(False, "serve although this CPU lacks the target's required flags (a bundle "
+                                             "none of whose targets fits: its first)")
     allow_failed_parity: bool = option(False, "serve an artifact whose parity check failed")
     log_level: str = option("info", "debug, info, warning or error")
     access_log: bool = option(False, "log every request")

@@ -7,8 +7,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from infinity.manifest import Activations, Precision, TaskName
+from infinity.manifest import Activations, Manifest, Precision, TaskName
+
+if TYPE_CHECKING:
+    from optimize.bundle import BuiltBundle
 
 EXIT_PARITY = 3
 
@@ -22,7 +26,7 @@ def bundled_model() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from optimize.presets import PRESETS
+    from optimize.presets import CPU_BUNDLE, PRESETS
 
     parser = argparse.ArgumentParser(prog="multiverse", description="Optimize one model for one task and target.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -33,8 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what the artifact serves (default: what the directory says: a sentence-transformers "
                           "SparseEncoder is sparse-embedding, a MultiVectorEncoder multi-vector, a token "
                           "classifier token-classification; else feature-extraction)")
-    run.add_argument("--target", default="auto", choices=["auto", *PRESETS],
-                     help="hardware preset (default: auto, the best CPU preset this host's flags allow)")
+    run.add_argument("--target", default=("auto",), type=_target_list, metavar="TARGET[,TARGET...]",
+                     help=f"hardware preset: auto (the default: the best CPU preset this host's flags allow), "
+                          f"{', '.join(PRESETS)}; or several CPU presets joined by commas (cpu: "
+                          f"{', '.join(CPU_BUNDLE)}), written as one bundle the server picks the best of for the "
+                          "host it starts on")
     run.add_argument("--precision", choices=[str(precision) for precision in Precision], default=None,
                      help="default: int8 on CPU targets, fp16 on GPU targets")
     run.add_argument("--out", type=Path, required=True, help="artifact directory to write")
@@ -78,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _target_list(text: str) -> tuple[str, ...]:
+    from optimize.presets import target_list
+
+    try:
+        return target_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _threshold(text: str) -> tuple[str, float]:
     name, _, value = text.partition("=")
     try:
@@ -113,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"multiverse: error: {exc}", file=sys.stderr)
         return 2
-    options = OptimizeOptions(model=model, task=task, out=args.out, target=args.target,
+    targets = args.target
+    options = OptimizeOptions(model=model, task=task, out=args.out, target=targets[0],
                               precision=args.precision, allow_failed_parity=args.allow_failed_parity,
                               threads=args.threads, thresholds=dict(args.threshold),
                               keep_float_like=args.keep_float_like,
@@ -122,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
                               trust_remote_code=args.trust_remote_code,
                               reranker_template=args.reranker_template)
     try:
-        manifest = optimize(options)
+        if len(targets) > 1:
+            from optimize.bundle import optimize_bundle
+
+            built = optimize_bundle(options, targets)
+        else:
+            manifest = optimize(options)
     except ParityFailed as exc:
         print(f"multiverse: {exc}\nno artifact written (pass --allow-failed-parity to keep it anyway)",
               file=sys.stderr)
@@ -130,9 +152,34 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"multiverse: error: {exc}", file=sys.stderr)
         return 2
+    out = Path(args.out).resolve()
+    if len(targets) > 1:
+        for target, manifest in zip(built.bundle.targets, built.manifests):
+            _summary(manifest, out / target.directory)
+        _bundle_summary(built, out)
+    else:
+        _summary(manifest, out)
+    print(f"  total {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _bundle_summary(built: BuiltBundle, out: Path) -> None:
+    from infinity.bundle import needs
+    from infinity.engine.hostinfo import cpu_flags
+
+    chosen = built.bundle.choose(cpu_flags())
+    print(f"\nbundle: {out}")
+    print("  targets, best first: " + "; ".join(needs(t.name, t.required_cpu_flags) for t in built.bundle.targets))
+    print(f"  size {built.disk_bytes / 1e6:.1f} MB ({built.apart_bytes / 1e6:.1f} MB as separate artifacts; stored "
+          f"once: {', '.join(built.shared) or 'nothing'})")
+    print(f"  the server serves the first target the CPU it starts on fits; on this host: "
+          f"{chosen.name if chosen else 'none'}")
+
+
+def _summary(manifest: Manifest, out: Path) -> None:
     opt = manifest.optimization
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in manifest.parity.metrics.items())
-    print(f"\nartifact: {Path(args.out).resolve()}")
+    print(f"\nartifact: {out}")
     print(f"  target {manifest.target.name}, {manifest.model.precision}, task {manifest.source.task}, "
           f"max length {manifest.tokenizer.max_length}")
     print(f"  size {opt.exported_bytes / 1e6:.1f} MB exported -> {manifest.model.size_bytes / 1e6:.1f} MB optimized")
@@ -161,15 +208,17 @@ def main(argv: list[str] | None = None) -> int:
           f"and batched: {metrics} -> {'passed' if manifest.parity.passed else 'FAILED'}")
     print("  batch invariance (alone vs batched): "
           + ", ".join(f"{k}={v:.4g}" for k, v in manifest.parity.batch_invariance.items()))
-    print(f"  total {time.perf_counter() - start:.1f}s")
-    return 0
 
 
 def _validate(artifact: Path, model: str | None) -> int:
+    from infinity.bundle import Bundle, is_bundle
     from infinity.manifest import ManifestError
     from optimize.validate.artifact import validate_artifact
 
     try:
+        if is_bundle(artifact):
+            folders = [str(artifact / target.directory) for target in Bundle.load(artifact).targets]
+            raise ValueError(f"{artifact} is a bundle: validate its targets one by one ({', '.join(folders)})")
         checked = validate_artifact(artifact, model)
     except (ManifestError, ValueError, FileNotFoundError, OSError) as exc:
         print(f"multiverse: error: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infinity.bundle import choose_target
 from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Activations, Precision, WeightRounding, WeightType
 from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
@@ -108,20 +109,51 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
 )}
 
 CPU_PREFERENCE = ("icelake", "skylake", "avx2")
+# Every CPU target, best first: CPU_PREFERENCE with each target that shares a recipe beside its twin. A bundle lists
+# its targets in this order, and the server serves the first one a host's flags fit, as `auto` picks.
+CPU_ORDER = ("icelake", "cascadelake", "skylake", "avx2")
+# `--target cpu`: every CPU recipe the optimizer builds, once each, under the target that needs the fewest flags
+# (cascadelake writes icelake's graph and needs the same flags; skylake writes avx2's, which a Skylake host picks)
+CPU_BUNDLE = ("icelake", "avx2")
 
 
 def resolve_target(name: str, flags: frozenset[str] | None = None) -> TargetPreset:
     """A preset by name; `auto` picks the best CPU preset this host's flags allow."""
     if name == "auto":
         flags = cpu_flags() if flags is None else flags
-        for candidate in CPU_PREFERENCE:
-            if set(PRESETS[candidate].required_cpu_flags) <= flags:
-                return PRESETS[candidate]
-        raise ValueError("auto: this CPU has no AVX2; no CPU preset fits (choose a target explicitly)")
+        chosen = choose_target(((n, PRESETS[n].required_cpu_flags) for n in CPU_PREFERENCE), flags)
+        if chosen is None:
+            raise ValueError("auto: this CPU has no AVX2; no CPU preset fits (choose a target explicitly)")
+        return PRESETS[chosen]
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown target {name!r}; choose one of: auto, {', '.join(PRESETS)}") from None
+        raise ValueError(f"unknown target {name!r}; choose one of: auto, cpu, {', '.join(PRESETS)}, or several CPU "
+                         "targets joined by commas") from None
+
+
+def target_list(text: str) -> tuple[str, ...]:
+    """`--target`'s value as the targets to build: one (`auto` included) alone, the way a single artifact is built;
+    or several CPU targets joined by commas, `cpu` standing for CPU_BUNDLE, in CPU_ORDER (a bundle)."""
+    names = [part.strip() for part in text.split(",")]
+    if len(names) == 1 and names[0] != "cpu":
+        resolve_target(names[0])
+        return (names[0],)
+    wanted: set[str] = set()
+    for name in names:
+        if name == "cpu":
+            wanted.update(CPU_BUNDLE)
+            continue
+        if not name:
+            raise ValueError(f"no target name between the commas of {text!r}")
+        if name == "auto":
+            raise ValueError("auto picks one target for this host; a bundle names its targets (cpu: "
+                             f"{', '.join(CPU_BUNDLE)})")
+        if resolve_target(name).is_gpu:
+            raise ValueError(f"{name} is a GPU target; a bundle holds CPU targets, which the server chooses among by "
+                             "the CPU's flags")
+        wanted.add(name)
+    return tuple(name for name in CPU_ORDER if name in wanted)
 
 # What the default INT8 recipe measured (python -m bench.recipes; see bench/README.md), by target.
 _MEASURED_AVX2 = ("all-MiniLM-L6-v2 on a 2-core AMD EPYC (AVX2), in-process ms at b1 seq 8/64/256 and b8 x 64: "

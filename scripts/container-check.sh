@@ -7,7 +7,8 @@
 #                 runtime) and served over real HTTP.
 # --gpu-artifact: a `cuda` artifact; the GPU image (no GPU here) must refuse it with one line.
 # --bake TARGET:  also build Dockerfile.cpu's default stage, which runs the optimizer on the bundled
-#                 MiniLM for TARGET inside the build (torch: minutes), and serve the baked image.
+#                 MiniLM for TARGET inside the build (torch: minutes), and serve the baked image;
+#                 TARGET may be a list, e.g. icelake,avx2 (the image's default): a bundle.
 #                 TORCH_INDEX (default empty: this host's pip configuration) is passed as build arg.
 #
 # Needs root. Installs podman, buildah, runc and mmdebstrap with apt-get when they are missing.
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 for dir in "$CPU_ARTIFACT" "$GPU_ARTIFACT"; do
-    [ -z "$dir" ] || [ -f "$dir/manifest.json" ] || { echo "container-check: $dir is not an artifact directory" >&2; exit 2; }
+    [ -z "$dir" ] || [ -f "$dir/manifest.json" ] || [ -f "$dir/bundle.json" ] || { echo "container-check: $dir is not an artifact directory" >&2; exit 2; }
 done
 
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -242,7 +243,7 @@ if [ -n "$BAKE_TARGET" ]; then
     build Dockerfile.cpu localhost/infinity-check-baked:latest --build-arg TARGET="$BAKE_TARGET" \
         --build-arg TORCH_INDEX="${TORCH_INDEX:-}" > "$WORK/build-baked.log" 2>&1 \
         || { tail -40 "$WORK/build-baked.log"; fail "build Dockerfile.cpu (baked)"; }
-    grep -E "^artifact:|^  (target|size|quantized|parity|total)" "$WORK/build-baked.log" || true
+    grep -E "^(artifact|bundle):|^  (target|size|quantized|parity|total|the server)" "$WORK/build-baked.log" || true
     echo "baked build: $((SECONDS - bake_start)) s"
     podman image ls localhost/infinity-check-baked:latest
     podman run --rm --network host --no-healthcheck "${ULIMITS[@]}" --entrypoint python \

@@ -122,6 +122,19 @@ class ArtifactCache:
                          log=lambda _: None)
         return path
 
+    def bundle(self, targets: tuple[str, ...], task: str = "feature-extraction", precision: str = "int8") -> Path:
+        """A bundle of `targets` (in preference order) as `multiverse optimize --target A,B` writes it, with the
+        options artifact() builds each target's artifact with (the same graphs: the INT8 build is deterministic)."""
+        from optimize.cli import main
+
+        model = {"feature-extraction": "minilm"}.get(task, task)
+        path = self.root / f"{model}-{task}-{'+'.join(targets)}-{precision}-bundle"
+        with FileLock(f"{path}.lock"):
+            if not (path / "bundle.json").is_file():
+                assert main(["optimize", str(self.source(model)), "--task", task, "--precision", precision,
+                             "--target", ",".join(targets), "--out", str(path)]) == 0
+        return path
+
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:

@@ -1,7 +1,8 @@
 """deploy/kubernetes: valid against the Kubernetes schemas (bundled with kubernetes-validate, offline)
-and consistent with the server: health routes, port, drain time, CPU flags of the artifact's target."""
+and consistent with the server: health routes, port, drain time, the targets the image holds and their CPU flags."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from optimize.presets import PRESETS
+from optimize.presets import PRESETS, target_list
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 # native sidecars (init containers with restartPolicy: Always) are on by default from 1.29
@@ -74,13 +75,47 @@ def test_server_probes_resources_and_termination(deployment: dict[str, Any]) -> 
     assert user == 10001 and pod["securityContext"]["runAsNonRoot"]
 
 
-def test_nodes_offer_the_cpu_flags_of_the_artifact_target() -> None:
+def commented_affinity(path: Path) -> dict[str, Any]:
+    """The `affinity:` block a manifest keeps commented out (for single-target images), uncommented."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "# affinity:")
+    indent = lines[start].index("#")
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line[indent:].startswith("#   "):  # deeper than `affinity:`
+            break
+        block.append(line)
+    parsed = yaml.safe_load("\n".join(line[indent + 2:] for line in block))
+    assert isinstance(parsed, dict)
+    return dict(parsed["affinity"])
+
+
+def dockerfile_target() -> str:
+    text = (DEPLOY.parents[1] / "Dockerfile.cpu").read_text()
+    (target,) = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ARG TARGET=")]
+    return target
+
+
+def nfd_labels(affinity: dict[str, Any]) -> list[set[str]]:
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return [{e["key"] for e in term["matchExpressions"] if e["operator"] == "In" and e["values"] == ["true"]}
+            for term in terms]
+
+
+def test_a_bundle_image_goes_to_any_node_and_a_single_target_one_to_nodes_with_its_cpu_flags() -> None:
+    """The default image holds a bundle (Dockerfile.cpu's TARGET): each pod serves the target its node fits, so
+    the Deployment pins nothing; the affinity for a single-target image (its first target) is kept commented out,
+    and uncommented it is valid and asks Node Feature Discovery for that target's flags."""
     deployment = by_kind("Deployment")["infinity-minilm"]
-    preset = PRESETS[deployment["metadata"]["annotations"]["infinity.dev/target"]]
-    terms = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    for term in terms:
-        required = {e["key"] for e in term["matchExpressions"] if e["operator"] == "In" and e["values"] == ["true"]}
+    targets = deployment["metadata"]["annotations"]["infinity.dev/targets"].split(",")
+    assert tuple(targets) == target_list(dockerfile_target()) and len(targets) > 1
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    pinned = copy.deepcopy(deployment)
+    pinned["spec"]["template"]["spec"]["affinity"] = commented_affinity(DEPLOY / "deployment.yaml")
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(pinned, version, strict=True)
+    preset = PRESETS[targets[0]]
+    for required in nfd_labels(pinned["spec"]["template"]["spec"]["affinity"]):
         # Node Feature Discovery labels: avx512_vnni -> feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI
         assert {f"feature.node.kubernetes.io/cpu-cpuid.{flag.replace('_', '').upper()}"
                 for flag in preset.required_cpu_flags} <= required

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZE = ROOT / "optimize"
 # each module's place, by its first name under optimize/; a module may import its own place and earlier ones
 ORDER = ["onnxio", "agreement", "texts", "checkpoint", "tasks", "source", "export", "padding_mask", "fuse",
-         "calibrate", "quantize", "presets", "validate", "package", "pipeline", "cli", "__main__", "__init__"]
+         "calibrate", "quantize", "presets", "validate", "package", "pipeline", "bundle", "cli", "__main__", "__init__"]
 
 
 def place(module: str) -> int:

@@ -56,6 +56,8 @@ async def info(request: HTTPRequest) -> Response:
         "task": manifest.source.task,
         "target": {"name": manifest.target.name, "providers": manifest.target.providers,
                    "required_cpu_flags": manifest.target.required_cpu_flags},
+        # served from a bundle: its targets, best first, the one chosen for this CPU, and why (else null)
+        "bundle": service.model.bundle.info() if service.model.bundle else None,
         "precision": manifest.model.precision,
         "max_length": manifest.tokenizer.max_length,
         "labels": facts.id2label,

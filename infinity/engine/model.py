@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infinity.bundle import Selection
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
 from infinity.manifest import Manifest, verify_checksums
@@ -28,6 +29,7 @@ class LoadedModel:
     tokenizer: TextTokenizer
     engine: Engine
     task: Task
+    bundle: Selection | None = None  # served as a bundle's target: which, among which, and why
 
     @classmethod
     def load(cls, directory: Path | str, threads: int | None = None, providers: list[str] | None = None,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import onnxruntime
 
-from infinity.engine.hostinfo import missing_cpu_flags
+from infinity.bundle import BUNDLE_FILE, BundleError, Selection, select
+from infinity.engine.hostinfo import cpu_flags, missing_cpu_flags
 from infinity.engine.model import LoadedModel
 from infinity.engine.session import EngineError
 from infinity.engine.tokenization import Encoded, pad_batch
@@ -18,11 +19,30 @@ from infinity.startup import Startup
 log = logging.getLogger("infinity.preflight")
 
 
-def check(directory: Path, settings: Settings) -> Manifest:
+def choose(directory: Path, settings: Settings) -> tuple[Path, Selection | None]:
+    """The artifact to serve: `directory` itself, or where it holds a bundle, the target of it this CPU fits best
+    (infinity/bundle.py; only bundle.json is read here, and nothing of the other targets ever)."""
+    if not (directory / BUNDLE_FILE).is_file():
+        return directory, None
+    try:
+        selection = select(directory, cpu_flags(), settings.allow_cpu_mismatch)
+    except BundleError as exc:
+        raise StartupError(str(exc)) from None
+    if selection.fits:
+        log.info("serving target %s of the bundle in %s: %s", selection.target.name, directory, selection.why)
+    else:
+        log.warning("serving target %s of the bundle in %s: %s", selection.target.name, directory, selection.why)
+    return selection.directory, selection
+
+
+def check(directory: Path, settings: Settings, selection: Selection | None = None) -> Manifest:
+    """`selection`: the bundle target `directory` was chosen as (choose), which its manifest must be."""
     if not directory.is_dir():
         raise StartupError(f"{directory} is not a directory")
     try:
         manifest = Manifest.load(directory)
+        if selection is not None:
+            selection.check(manifest)
         verify_present(directory, manifest)  # the checksums are computed while the model loads (open_checked)
     except ManifestError as exc:
         raise StartupError(str(exc)) from None

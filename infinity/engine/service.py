@@ -84,6 +84,7 @@ class Service:
         self.batcher = Batcher(model.forward, settings.max_batch_tokens, settings.max_batch_size,
                                settings.max_queue, on_batch=self._on_batch)
         self.metrics = Metrics(lambda: self.batcher.depth)
+        self.metrics.serving(model.manifest.target.name, model.bundle.bundle.names if model.bundle else ())
         self.workers = ThreadPoolExecutor(settings.tokenizer_workers, thread_name_prefix="infinity-worker")
         self.warm = False
         self.healthy = False
