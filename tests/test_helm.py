@@ -315,9 +315,10 @@ def test_nodes_offer_the_cpu_flags_of_the_target() -> None:
               "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "x"}}}
     anti = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "podAffinityTerm": spread}]}}
-    docs = render("x", ("--set-json", f"affinity={json.dumps(anti)}"))
+    docs = render("x", ("--set", "target=icelake", "--set-json", f"affinity={json.dumps(anti)}"))
     assert nfd_keys(docs) and pod_of(docs)["affinity"]["podAntiAffinity"] == anti["podAntiAffinity"]
-    own = helm("template", "x", CHART_ARGUMENT, "--set-json", 'affinity={"nodeAffinity": {}}', check=False)
+    own = helm("template", "x", CHART_ARGUMENT, "--set", "target=icelake", "--set-json",
+               'affinity={"nodeAffinity": {}}', check=False)
     assert own.returncode != 0 and "set target to none" in own.stderr
 
 
@@ -364,8 +365,9 @@ def test_the_artifact_is_baked_mounted_or_optimized_first() -> None:
     optimized = render("x", flags)
     (init,) = pod_of(optimized)["initContainers"]
     served = variables(server_of(optimized))["INFINITY_ARTIFACT"]
+    # target none (the default): the init container optimizes for the node it runs on
     assert init["command"] == ["/opt/optimizer/bin/multiverse", "optimize", "--precision", "fp32", "--target",
-                               "icelake", "--out", served]
+                               "auto", "--out", served]
     assert variables(init)["HF_HUB_OFFLINE"] == "1"  # the bundled MiniLM
     # the optimizer publishes with a rename inside --out's folder: that folder is the volume's mount, in both
     (written,) = [m for m in init["volumeMounts"] if m["name"] == "artifact"]
