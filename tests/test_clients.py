@@ -86,7 +86,7 @@ def test_openai_token_ids_are_openai_tokens_read_as_their_text(embedder: Server)
     one = post(embedder, "/v1/embeddings", {"input": ids[0], "model": "m", "encoding_format": "base64"}).json()
     vector = np.frombuffer(base64.b64decode(one["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(vector, np.asarray(predicted(embedder, TEXTS[0]), dtype=np.float32))
-    for body, says in (({"input": [[101, 100270]]}, "token id 100270"),
+    for body, says in (({"input": [[101, 100257]]}, "token id 100257"),  # <|endoftext|>: a special token
                        ({"input": [101, 10 ** 9]}, "token id 1000000000"),
                        ({"input": [101] * 10_000}, "more than the maximum of 8192")):
         refused = post(embedder, "/v1/embeddings", {**body, "model": "m"})

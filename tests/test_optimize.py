@@ -12,6 +12,7 @@ from bench.inprocess import predict
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest, sha256_file, verify_checksums
+from tests.conftest import HOST_TARGET
 
 QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
                  "DynamicQuantizeLinear"}
@@ -37,7 +38,7 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
     assert json.loads(json.dumps(manifest.to_dict())) == on_disk
     verify_checksums(path, manifest)
     assert manifest.model.sha256 == sha256_file(path / "model.onnx")
-    assert manifest.source.task == task and manifest.target.name == "icelake"
+    assert manifest.source.task == task and manifest.target.name == HOST_TARGET
     assert manifest.model.precision == precision
     assert manifest.parity.passed and not manifest.parity.failures
     assert manifest.parity.probe_size >= 200 and "held-out" in manifest.parity.probe_set

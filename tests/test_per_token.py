@@ -6,8 +6,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from infinity.engine.hostinfo import cpu_flags
 from optimize.calibrate import activation_bounds
 from optimize.onnxio import activation_shapes
+from optimize.presets import VNNI_FLAGS
 from optimize.quantize.config import QuantizationConfig
 from optimize.quantize.per_tensor import quantize
 from optimize.quantize.per_token import (
@@ -18,6 +20,10 @@ from optimize.quantize.per_token import (
 )
 from optimize.quantize.rounding import quantize_weight
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
+
+# 8-bit weights where this host sums u8 x s8 products in 32 bits (VNNI); 7 elsewhere, as the recipes build them:
+# 8-bit ones saturate VPMADDUBSW's int16 pair sums on AVX2 and AVX-512 without VNNI
+BITS = 8 if set(VNNI_FLAGS) & cpu_flags() else 7
 
 
 def test_weights_are_symmetric_per_column_within_their_bits():
@@ -71,7 +77,7 @@ def prologue_ops(model: onnx.ModelProto) -> Counter:
 def test_each_quantized_input_costs_abs_reducemax_scale_and_one_quantizelinear(graph, tmp_path):  # noqa: F811
     path, calibration, _ = graph
     bounds = activation_bounds(path, per_token_candidates(path), calibration)
-    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
+    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=BITS)
     model = onnx.load(str(tmp_path / "pt.onnx"))
     # the attention mask is made once for every attention, apart from the prologues
     ops = Counter(n.op_type for n in model.graph.node if not n.name.startswith("per_token/attention_mask"))
@@ -96,7 +102,7 @@ def test_a_fused_checkpoints_inputs_share_their_zero_points(minilm_int8_artifact
 def test_a_row_of_zeros_gives_zeros_and_a_row_is_bit_identical_in_any_batch(graph, tmp_path):  # noqa: F811
     path, calibration, held_out = graph
     bounds = activation_bounds(path, per_token_candidates(path), calibration)
-    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
+    quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=BITS)
     zeros = {"x": np.zeros_like(held_out["x"][:1]), "attention_mask": held_out["attention_mask"][:1]}
     assert np.isfinite(run(tmp_path / "pt.onnx", zeros)).all()
     # every row alone, then in batches of every size: the same bits
@@ -136,7 +142,7 @@ def test_attention_bias_goes_where_it_costs_least_and_the_answer_keeps_it(tmp_pa
              helper.make_node("Add", ["o", "out_bias"], ["y"], name="out/Add")]
     path = tmp_path / "attention.onnx"
     save_graph(path, nodes, {"qkv": qkv, "bias": bias, "out": out, "out_bias": out_bias}, hidden)
-    quantize_per_token(path, tmp_path / "pt.onnx", None, weight_bits=8)
+    quantize_per_token(path, tmp_path / "pt.onnx", None, weight_bits=BITS)
     model = onnx.load(str(tmp_path / "pt.onnx"))
     adds = [n for n in model.graph.node if n.op_type == "Add"]
     assert [n.name for n in adds] == ["Attention_0/q/AddBias", "out/Add"]  # no K or V bias Add
@@ -205,8 +211,8 @@ def test_calibrated_inputs_scale_and_add_the_bias_in_the_kernel_and_rows_stay_ba
 
     calibration = [feeds(4) for _ in range(4)]
     bounds = activation_bounds(path, per_token_candidates(path), calibration)
-    every_row = quantize_per_token(path, tmp_path / "rows.onnx", bounds, weight_bits=8)
-    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8,
+    every_row = quantize_per_token(path, tmp_path / "rows.onnx", bounds, weight_bits=BITS)
+    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=BITS,
                                 calibrated_roles=frozenset({"normalized", "context"}))
     assert every_row.calibrated == 0 and record.calibrated == 3  # the two LayerNorm outputs and the attention's
     model = onnx.load(str(tmp_path / "pt.onnx"))
@@ -281,7 +287,7 @@ def test_a_written_attentions_context_is_smoothed_in_its_value_projection_and_it
         feeds = {**_feeds(), "x": rng.normal(0, 1, (3, 6, 8)).astype(np.float32)}
         calibration.append({**feeds, "attention_mask": (feeds["mask"][:, 0, 0] == 0).astype(np.int64)})
     bounds = activation_bounds(path, per_token_candidates(path), calibration)
-    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=8)
+    record = quantize_per_token(path, tmp_path / "pt.onnx", bounds, weight_bits=BITS)
     quantized = onnx.load(str(tmp_path / "pt.onnx"))
     assert len(record.quantized) == 6 and record.smoothed_inputs == 2 and record.smoothing_folded == 1
     assert not [n for n in quantized.graph.node if n.op_type == "Mul" and "layer0/out" in n.input]

@@ -4,10 +4,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from infinity.engine.hostinfo import cpu_flags
 from optimize.calibrate import calibrate
+from optimize.presets import VNNI_FLAGS
 from optimize.quantize.per_token import quantize_per_token
 from optimize.quantize.smoothing import choose_strengths, simulated_products
 from tests.test_outliers import run
+
+# 8-bit weights where this host sums u8 x s8 products in 32 bits (VNNI); 7 elsewhere, as the recipes build them:
+# 8-bit ones saturate VPMADDUBSW's int16 pair sums on AVX2 and AVX-512 without VNNI
+BITS = 8 if set(VNNI_FLAGS) & cpu_flags() else 7
 
 HIDDEN, OUT = 16, 8
 ROLES = {"row": frozenset(), "gelu": frozenset(), "calibrated": frozenset({"normalized"})}
@@ -51,13 +57,13 @@ def test_the_simulated_int8_product_is_the_graphs(tmp_path, scheme, alpha):
     path = tmp_path / "g.onnx"
     weight = one_matmul(path, scheme, rng)
     calibration = calibrate(path, ["mm"], [feeds(rng) for _ in range(3)])
-    quantize_per_token(path, tmp_path / "q.onnx", calibration.bounds, weight_bits=8,
+    quantize_per_token(path, tmp_path / "q.onnx", calibration.bounds, weight_bits=BITS,
                        calibrated_roles=ROLES[scheme], alphas={"h" if scheme != "row" else "x": alpha})
     held_out = feeds(rng, 4)
     rows = calibrate(path, ["mm"], [held_out], samples=True).samples["h" if scheme != "row" else "x"]
     real = held_out["attention_mask"].astype(bool)
     graph = run(tmp_path / "q.onnx", held_out)[real]
-    simulated = simulated_products(rows, calibration.bounds["mm"], [weight], alpha, scheme, 8)[0]
+    simulated = simulated_products(rows, calibration.bounds["mm"], [weight], alpha, scheme, BITS)[0]
     exact = rows @ weight
     assert np.abs(graph - exact).max() > 1e-3  # INT8 really moved the answer
     np.testing.assert_allclose(simulated, graph, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
@@ -69,13 +75,13 @@ def test_the_chosen_strength_is_the_one_whose_graph_is_closest_on_held_out_rows(
     one_matmul(path, "row", rng)
     calibration = calibrate(path, ["mm"], [feeds(rng) for _ in range(6)], samples=True)
     grid = (0.2, 0.5, 0.8)
-    chosen = choose_strengths(path, calibration, grid, 8, frozenset())["x"]
+    chosen = choose_strengths(path, calibration, grid, BITS, frozenset())["x"]
     held_out = feeds(rng, 8)
     real = held_out["attention_mask"].astype(bool)
     exact = run(path, held_out)[real]
     errors = {}
     for alpha in (None, *grid):
-        quantize_per_token(path, tmp_path / "q.onnx", calibration.bounds, weight_bits=8, alphas={"x": alpha})
+        quantize_per_token(path, tmp_path / "q.onnx", calibration.bounds, weight_bits=BITS, alphas={"x": alpha})
         errors[alpha] = float(np.linalg.norm(run(tmp_path / "q.onnx", held_out)[real] - exact))
     assert errors[chosen] <= 1.05 * min(errors.values()), (chosen, errors)
     assert errors[chosen] < errors[None]  # the large channel is worth smoothing

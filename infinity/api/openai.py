@@ -37,7 +37,7 @@ ERRORS = {400: "Invalid request (empty input, bad field, dimensions above the mo
 # What token ids on these routes are (--openai-token-ids): OpenAI's API defines them as tokens of the OpenAI model's
 # encoding, cl100k_base for every OpenAI embedding model, and LangChain's OpenAIEmbeddings sends its texts so by
 # default; or this model's own ids, as /tokenize answers them.
-CL100K_IDS = 100277  # cl100k_base's ids, its special tokens included
+CL100K_IDS = 100256  # cl100k_base's ordinary tokens, 0 to 100255 (its special tokens are refused)
 CL100K_LENGTH = 8192  # the most tokens OpenAI's embedding models take in one input
 
 
@@ -64,16 +64,16 @@ class TokenIds(Array):
 MODEL_IDS = ("this model's {ids} ids: this server reads token ids as the model's own (--openai-token-ids model). "
              "LangChain's OpenAIEmbeddings sends tiktoken's ids by default; pass it check_embedding_ctx_length=False "
              "to send text")
-CL100K_MEANING = (f"cl100k_base's {CL100K_IDS} ids: token ids here are OpenAI's, as tiktoken encodes text for its "
-                  "embedding models; send text, or start the server with --openai-token-ids model to send this "
-                  "model's own ids (/tokenize's)")
+CL100K_MEANING = (f"cl100k_base's {CL100K_IDS} ordinary tokens: token ids here are OpenAI's, as tiktoken encodes "
+                  "text for its embedding models (special tokens are refused); send text, or start the server with "
+                  "--openai-token-ids model to send this model's own ids (/tokenize's)")
 
 
 def token_ids_schema(task: FeatureExtraction, vocabulary: int, token_ids: str) -> TokenIds:
     if token_ids == "model":
-        return TokenIds(Integer(minimum=0), max_items=task.manifest.tokenizer.max_length, ids=vocabulary,
-                        unit="this model's own ids", meaning=MODEL_IDS.format(ids=vocabulary))
-    return TokenIds(Integer(minimum=0), max_items=CL100K_LENGTH, ids=CL100K_IDS,
+        return TokenIds(Integer(minimum=0, maximum=vocabulary - 1), max_items=task.manifest.tokenizer.max_length,
+                        ids=vocabulary, unit="this model's own ids", meaning=MODEL_IDS.format(ids=vocabulary))
+    return TokenIds(Integer(minimum=0, maximum=CL100K_IDS - 1), max_items=CL100K_LENGTH, ids=CL100K_IDS,
                     unit="OpenAI's cl100k_base tokens", meaning=CL100K_MEANING)
 
 
@@ -150,9 +150,7 @@ def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, 
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
-        if "output_dimension" in body:
-            if body.get("dimensions", body["output_dimension"]) != body["output_dimension"]:
-                raise ValidationError("dimensions and output_dimension name the same thing and differ")
+        if "dimensions" not in body and "output_dimension" in body:  # dimensions wins where both are sent
             body["dimensions"] = body["output_dimension"]
         value = body["input"]
         if isinstance(value, str) or isinstance(value[0], str):
