@@ -31,7 +31,7 @@ def split_artifacts(artifacts) -> dict[str, Path]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(onnxio, "EXTERNAL_DATA_BYTES", 0)
         for precision in ("fp32", "int8"):
-            out = artifacts.root / f"distilbert-tiny-external-{precision}"
+            out = artifacts.root / f"distilbert-tiny-external-{HOST_TARGET}-{precision}"
             if not (out / "manifest.json").is_file():
                 optimize(OptimizeOptions(model=str(artifacts.source("distilbert-tiny")), task="sequence-classification",
                                          out=out, target=HOST_TARGET, precision=precision, external_data_bytes=0),
@@ -141,7 +141,7 @@ def tiny_bert(tmp_path_factory) -> Path:
 WIDE = 8 if set(VNNI_FLAGS) & cpu_flags() else 7
 # (target, options, what the manifest must record): every INT8 branch of the optimizer
 INT8_BRANCHES = {
-    "8-bit weights, calibrated scales": ("icelake", {}, dict(weight_bits=WIDE, calibrated=True)),
+    "8-bit weights, calibrated scales": ("icelake", {}, dict(weight_bits=WIDE, calibrated=WIDE == 8)),
     "8-bit weights, a scale per row": ("icelake", {"calibrated_scales": False}, dict(weight_bits=WIDE,
                                                                                     calibrated=False)),
     "7-bit weights": ("avx2", {}, dict(weight_bits=7, calibrated=False)),
@@ -185,7 +185,8 @@ def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp
         assert quantization.activations == "per_tensor" and quantization.outliers.applied
     assert set(manifest.model.external_data) == {"model.onnx.data"}
     verify_checksums(out, manifest)
-    with running(out, tmp_path / "serve.log", "--allow-failed-parity") as server:
+    # an icelake graph runs on any x86 host (the flags it needs are for speed and exactness)
+    with running(out, tmp_path / "serve.log", "--allow-failed-parity", "--allow-cpu-mismatch") as server:
         vectors = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60).json()
     assert np.array(vectors).shape == (len(TEXTS), 32)
 

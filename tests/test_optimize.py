@@ -12,6 +12,7 @@ from bench.inprocess import predict
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest, sha256_file, verify_checksums
+from optimize.presets import PRESETS
 from tests.conftest import HOST_TARGET
 
 QUANTIZED_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
@@ -50,12 +51,14 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
     ops = op_counts(path / "model.onnx")
     if precision == "int8":
         q = manifest.optimization.quantization
-        assert q.activations == "per_token" and q.batch_invariant and "VPDPBUSD" in q.weight_bits_why
-        # 8-bit weights only from a VNNI build host, and only where every node quantized within parity
+        # 8-bit weights only from a VNNI build host, and only where every node quantized within parity; the reason
+        # names the instruction that decided it
         vnni_host = bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
+        assert q.activations == "per_token" and q.batch_invariant
+        assert ("VPDPBUSD" if vnni_host else "VPMADDUBSW") in q.weight_bits_why
         assert q.weight_bits == 7 or (q.weight_bits == 8 and vnni_host and not manifest.optimization.kept_float)
         assert q.reduce_range == (q.weight_bits == 7)
-        assert manifest.target.required_cpu_flags == ["avx512f", "avx512_vnni"]
+        assert manifest.target.required_cpu_flags == list(PRESETS[HOST_TARGET].required_cpu_flags)
         # a quantized attention projects Q, K and V as three INT8 MatMuls of the same codes
         expected = q.candidates - len(manifest.optimization.kept_float) + 2 * ops["onnx.Attention"]
         assert ops["MatMulIntegerToFloat"] == expected > 0
