@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from infinity.manifest import Manifest, ManifestError
+from infinity.manifest import Manifest, ManifestError, read_json
 from infinity.manifest_schema import conform
 
 BUNDLE_FILE = "bundle.json"
@@ -87,14 +87,7 @@ class Bundle:
 
     @classmethod
     def load(cls, directory: Path | str) -> Bundle:
-        path = Path(directory) / BUNDLE_FILE
-        if not path.is_file():
-            raise BundleError(f"no {BUNDLE_FILE} in {directory}: not a bundle")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise BundleError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(directory, BUNDLE_FILE, BundleError, "not a bundle"))
 
 
 def is_bundle(directory: Path | str) -> bool:

@@ -340,14 +340,18 @@ class Manifest:
 
     @classmethod
     def load(cls, directory: Path | str) -> Manifest:
-        path = Path(directory) / MANIFEST_FILE
-        if not path.is_file():
-            raise ManifestError(f"no {MANIFEST_FILE} in {directory}: not an artifact directory")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise ManifestError(f"{path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(directory, MANIFEST_FILE, ManifestError, "not an artifact directory"))
+
+
+def read_json(directory: Path | str, name: str, error: type[ManifestError], missing: str) -> Any:
+    """The JSON file `name` in `directory`, or one line that says what is wrong with it."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise error(f"no {name} in {directory}: {missing}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from None
 
 
 def _current(quantization: dict[str, Any]) -> dict[str, Any]:  # JSON as read

@@ -28,6 +28,7 @@ from optimize.presets import PRESETS
 from tests import test_kubernetes as plain
 from tests.helm_setup import helm_binary, helm_environment
 from tests.servers import WAIT, running
+from tests.test_platforms import strict  # a CRD schema refusing unknown fields, as kubectl does
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "infinity"
@@ -142,20 +143,6 @@ def variables(container: dict[str, Any]) -> dict[str, Any]:
 def test_lint_strict(values: ValueSet) -> None:
     linted = helm("lint", "--strict", CHART_ARGUMENT, "--kube-version", KUBERNETES_VERSIONS[0], *values.flags)
     assert "1 chart(s) linted, 0 chart(s) failed" in linted.stdout
-
-
-def strict(schema: Any) -> Any:
-    """A CRD's structural schema refusing the fields it does not know, as kubectl's strict validation does (as
-    tests/test_platforms.py reads KServe's)."""
-    if isinstance(schema, list):
-        return [strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    schema = {key: strict(value) for key, value in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema \
-            and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        schema["additionalProperties"] = False
-    return schema
 
 
 @cache
