@@ -3,7 +3,10 @@ fixed requests, hash as they did when the hashes were recorded on a host of this
 
 Answers depend on the CPU's kernels, so hashes are kept per host (its CPU name, family and model, and onnxruntime's
 version); on a host with none recorded the test says so and skips. Record this host's with
-`HF_HUB_OFFLINE=1 python -m tests.test_answers_unchanged` at a commit whose answers are the reference."""
+`HF_HUB_OFFLINE=1 INFINITY_TEST_ARTIFACTS=DIR python -m tests.test_answers_unchanged` at a commit whose answers are
+the reference, DIR holding the artifacts a suite run built (`-n auto`): an INT8 build rounds its weights against
+calibration sums whose order follows the BLAS thread count, which the suite's workers set to their share of the
+cores, so artifacts built in one process with every core can differ in their last bits."""
 from __future__ import annotations
 
 import hashlib
