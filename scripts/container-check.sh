@@ -246,6 +246,9 @@ if [ -n "$BAKE_TARGET" ]; then
     grep -E "^(artifact|bundle):|^  (target|size|quantized|parity|total|the server)" "$WORK/build-baked.log" || true
     echo "baked build: $((SECONDS - bake_start)) s"
     podman image ls localhost/infinity-check-baked:latest
+    baked_bytes=$(podman image inspect --format '{{.Size}}' localhost/infinity-check-baked:latest)
+    echo "baked image size: $(mib "$baked_bytes") MiB on disk, $(mib $((baked_bytes - image_bytes))) MiB above" \
+         "the runtime image (TARGET=$BAKE_TARGET)"
     podman run --rm --network host --no-healthcheck "${ULIMITS[@]}" --entrypoint python \
         localhost/infinity-check-baked:latest -c "import importlib.util as u; assert not u.find_spec('torch')"
     step "baked image: serve, POST /predict"
