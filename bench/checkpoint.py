@@ -25,10 +25,10 @@ SHAPES = ((1, 8), (1, 128), (8, 128), (32, 128))
 
 
 def parity(model: str, served: Path, graphs: dict[str, Path]) -> dict[str, dict[str, float]]:
-    from optimize.source import load_source
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s4_reference import torch_reference
+    from optimize.stages.s6_validate.served import load_candidate, served_parity
     from optimize.tasks import task_for
-    from optimize.validate.reference import torch_reference
-    from optimize.validate.served import load_candidate, served_parity
 
     manifest = Manifest.load(served)
     inputs = task_for(TASK).heldout()
@@ -36,7 +36,7 @@ def parity(model: str, served: Path, graphs: dict[str, Path]) -> dict[str, dict[
     rows = {}
     for name, path in graphs.items():
         candidate = load_candidate(served, manifest, path, threads=2)
-        checked = served_parity(candidate, inputs, reference, task_for(TASK).thresholds)
+        checked = served_parity(task_for(TASK), candidate, inputs, reference, task_for(TASK).thresholds)
         rows[name] = {"alone": checked.modes["alone"]["cosine_min"], "batched": checked.modes["batched"]["cosine_min"],
                       "moves": checked.batch_invariance["max_abs_diff"]}
     return rows

@@ -59,9 +59,9 @@ def runners(recipes: Path, plain: Path) -> dict[str, Runner]:
 
 
 def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) -> dict[str, tuple[float, float, float]]:
-    from optimize.source import load_source
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s4_reference import torch_reference
     from optimize.tasks import task_for
-    from optimize.validate.reference import torch_reference
 
     texts = task_for(TASK).heldout()
     reference = np.stack(torch_reference(load_source(minilm(), TASK), texts))
@@ -89,8 +89,8 @@ def parity(engines: dict[str, Runner], tokenizer: TextTokenizer, pad_id: int) ->
 
 
 def main() -> None:
-    from optimize.export import export_onnx
-    from optimize.source import load_source
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s2_export import export_onnx
 
     recipes = WORK / "recipes"
     served = recipes / "fp32"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.model import build_distilbert_base
 from bench.run import WORK, prepare, publish
-from optimize.validate.latency import cpu_session, median_ms
+from optimize.stages.s6_validate.latency import cpu_session, median_ms
 
 SEQS = (8, 128)
 ROUNDS = 5
@@ -21,11 +21,11 @@ ROUNDS = 5
 
 def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
     from bench.recipes import per_tensor
-    from optimize.export import export_onnx
-    from optimize.fuse import fuse
-    from optimize.quantize.config import QuantizationConfig
-    from optimize.quantize.per_tensor import quantize
-    from optimize.source import load_source
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s2_export import export_onnx
+    from optimize.stages.s3_fuse import fuse
+    from optimize.stages.s5_quantize.config import QuantizationConfig
+    from optimize.stages.s5_quantize.per_tensor import quantize
 
     out.mkdir(parents=True, exist_ok=True)
     plain, fused = out / "plain.onnx", out / "fused.onnx"

@@ -35,12 +35,12 @@ def build(family: str, out: Path) -> None:
 def main(families: list[str]) -> None:
     import onnxruntime as ort
 
-    from optimize.export import export_onnx
-    from optimize.fuse import fuse
     from optimize.presets import resolve_target
-    from optimize.quantize.per_token import quantize_per_token
-    from optimize.source import load_source
-    from optimize.validate.latency import cpu_session, median_ms
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s2_export import export_onnx
+    from optimize.stages.s3_fuse import fuse
+    from optimize.stages.s5_quantize.per_token import quantize_per_token
+    from optimize.stages.s6_validate.latency import cpu_session, median_ms
 
     bits = resolve_target("icelake").quantization.weight_bits
     print(f"onnxruntime {ort.__version__}; batch 8 x 128 tokens; median ms of 3 rounds x 5 runs")

@@ -25,8 +25,8 @@ from bench.run import WORK, publish
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
+from optimize.stages.s6_validate.latency import cpu_session
 from optimize.tasks import task_for
-from optimize.validate.latency import cpu_session
 
 TASK = "feature-extraction"
 CELLS = ((1, 8), (1, 64), (1, 256), (8, 64), (32, 128))
@@ -43,7 +43,7 @@ def minilm() -> str:
 
 def per_tensor(vnni: bool) -> Any:
     """onnxruntime's dynamic INT8 (one activation scale per padded batch), with 7-bit weights without VNNI."""
-    from optimize.quantize.config import QuantizationConfig
+    from optimize.stages.s5_quantize.config import QuantizationConfig
 
     return QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=not vnni, activations="per_tensor")
 
@@ -51,11 +51,11 @@ def per_tensor(vnni: bool) -> Any:
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
     from infinity.engine.tokenization import TextTokenizer
-    from optimize.calibrate import Feeder, activation_bounds
     from optimize.pipeline import OptimizeOptions, optimize
     from optimize.presets import resolve_target
-    from optimize.quantize.per_tensor import quantize
-    from optimize.quantize.per_token import per_token_candidates, quantize_per_token
+    from optimize.stages.s5_quantize.calibrate import Feeder, activation_bounds
+    from optimize.stages.s5_quantize.per_tensor import quantize
+    from optimize.stages.s5_quantize.per_token import per_token_candidates, quantize_per_token
 
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target("auto")
@@ -92,17 +92,17 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
 
 
 def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[str, float]]:
-    from optimize.source import load_source
-    from optimize.validate.reference import torch_reference
-    from optimize.validate.served import load_candidate, served_parity
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s4_reference import torch_reference
+    from optimize.stages.s6_validate.served import load_candidate, served_parity
 
     manifest = Manifest.load(served_dir)
     inputs = task_for(TASK).heldout()
     reference = torch_reference(load_source(minilm(), TASK), inputs)
     rows = {}
     for name, path in variants.items():
-        checked = served_parity(load_candidate(served_dir, manifest, path, threads=2), inputs, reference,
-                                task_for(TASK).thresholds)
+        checked = served_parity(task_for(TASK), load_candidate(served_dir, manifest, path, threads=2), inputs,
+                                reference, task_for(TASK).thresholds)
         rows[name] = {"alone": checked.modes["alone"]["cosine_min"], "batched": checked.modes["batched"]["cosine_min"],
                       "mean": checked.result.metrics["cosine_mean"],
                       "invariance": checked.batch_invariance["max_abs_diff"], "passed": float(checked.result.passed)}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from infinity.bundle import Bundle, BundleTarget
 from infinity.manifest import Manifest, sha256_file, write_atomically
-from optimize import package
 from optimize.pipeline import Log, OptimizeOptions, ParityFailed, optimize
+from optimize.stages.s7_package import now
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ def optimize_bundle(options: OptimizeOptions, targets: Sequence[str], log: Log =
         shared = store_once(staging, list(targets))
         bundle = Bundle(targets=[BundleTarget(name=manifest.target.name, directory=name,
                                               required_cpu_flags=list(manifest.target.required_cpu_flags))
-                                 for name, manifest in zip(targets, manifests)], created_at=package.now())
+                                 for name, manifest in zip(targets, manifests)], created_at=now())
         bundle.save(staging)
         built = BuiltBundle(bundle, manifests, shared, disk_bytes(staging), apart)
         write_atomically(staging, out)

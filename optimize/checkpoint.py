@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infinity.manifest import POOLINGS, TaskFacts, TaskName
+from infinity.manifest import POOLINGS, TaskFacts
+
+if TYPE_CHECKING:
+    from optimize.tasks.base import OptimizerTask
 
 # sentence-transformers module classes the exported graph reproduces, by the last part of their type name
 MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling", "MultiVectorMask")
@@ -33,7 +36,7 @@ class Checkpoint:
 @dataclass
 class SourceModel:
     path: Path
-    task: TaskName
+    task: OptimizerTask  # the task object, its name at .name
     config: Any              # transformers PretrainedConfig
     tokenizer: Any           # transformers fast tokenizer
     facts: TaskFacts

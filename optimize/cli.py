@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         return _validate(args.artifact, args.model)
     from optimize.pipeline import OptimizeOptions, ParityFailed, optimize
-    from optimize.source import detect_task
+    from optimize.stages.s1_load import detect_task
 
     model = args.model or bundled_model()
     if model is None:
@@ -213,7 +213,7 @@ def _summary(manifest: Manifest, out: Path) -> None:
 def _validate(artifact: Path, model: str | None) -> int:
     from infinity.bundle import Bundle, is_bundle
     from infinity.manifest import ManifestError
-    from optimize.validate.artifact import validate_artifact
+    from optimize.stages.s6_validate.artifact import validate_artifact
 
     try:
         if is_bundle(artifact):

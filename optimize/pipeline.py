@@ -1,4 +1,4 @@
-"""The optimizer's stages, in order: load -> export -> fuse -> reference -> quantize -> validate -> package."""
+"""The optimizer's stages in order (stages/s1..s7): load, export, fuse, reference, quantize, validate, package."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,23 +28,30 @@ from infinity.manifest import (
     sha256_file,
     write_atomically,
 )
-from optimize import package
-from optimize.agreement import Outputs, ParityResult
-from optimize.calibrate import Feeder
 from optimize.checkpoint import SourceModel
-from optimize.export import export_onnx
-from optimize.fuse import fuse
-from optimize.onnxio import copy_model, model_bytes, save_model, weights_beside
+from optimize.graph.onnxio import copy_model, model_bytes, save_model, weights_beside
+from optimize.measure.agreement import Outputs, ParityResult
+from optimize.measure.texts import HELDOUT_DESCRIPTION
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
-from optimize.quantize.embeddings import quantize_embedding_tables
-from optimize.quantize.int8 import quantize_int8
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
+from optimize.stages.s2_export import export_onnx
+from optimize.stages.s3_fuse import fuse
+from optimize.stages.s4_reference import torch_reference
+from optimize.stages.s5_quantize.calibrate import Feeder
+from optimize.stages.s5_quantize.embeddings import quantize_embedding_tables
+from optimize.stages.s5_quantize.int8 import quantize_int8
+from optimize.stages.s6_validate.latency import latency_table, median_latency_ms
+from optimize.stages.s6_validate.served import (
+    CPU,
+    ServedParity,
+    embedding_ranges,
+    load_as_served,
+    load_candidate,
+    served_parity,
+)
+from optimize.stages.s7_package import describe_model, library_versions, now
 from optimize.tasks import task_for
 from optimize.tasks.base import OptimizerTask
-from optimize.texts import HELDOUT_DESCRIPTION
-from optimize.validate.latency import latency_table, median_latency_ms
-from optimize.validate.reference import torch_reference
-from optimize.validate.served import CPU, ServedParity, embedding_ranges, load_as_served, load_candidate, served_parity
 
 Log = Callable[[str], None]
 
@@ -171,12 +178,12 @@ class Build:
             self.log(report + "\n  (kept because --allow-failed-parity was given; the manifest records passed=false)")
         with self.stages.stage("package"):
             manifest = dataclasses.replace(
-                draft, model=package.describe_model(final, self.precision), task=facts,
+                draft, model=describe_model(final, self.precision), task=facts,
                 optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantized.record,
                                           kept_float=quantized.kept_float, stage_seconds=self.stages.seconds,
                                           notes=notes, exported_bytes=model_bytes(exported),
                                           fusion_model_type=fusion.model_type),
-                parity=self.parity(draft.parity, checked), created_at=package.now())
+                parity=self.parity(draft.parity, checked), created_at=now())
             manifest.save(self.staging)
         return manifest
 
@@ -205,13 +212,13 @@ class Build:
         thresholds = {**self.task.thresholds, **(options.thresholds or {})}
         return Manifest(
             source=Source(model=str(options.model), task=self.task.name, revision=_revision(source.path),
-                          model_type=source.model_type, library_versions=package.library_versions(),
+                          model_type=source.model_type, library_versions=library_versions(),
                           model_id=source.model_id, trust_remote_code=source.trust_remote_code),
             target=Target(name=preset.name, providers=list(preset.providers),
                           # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
                           required_cpu_flags=list(preset.required_cpu_flags) if self.precision == Precision.INT8
                           else [], provider_options=provider_options),
-            model=package.describe_model(fused, self.precision),
+            model=describe_model(fused, self.precision),
             tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(self.staging / "tokenizer.json"),
                                     max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
                                     extra_files=extra),
@@ -246,7 +253,7 @@ class Build:
             if only is not None:
                 inputs, expected = [search_inputs[i] for i in only], [reference[i] for i in only]
             model = load_candidate(self.staging, draft, path, options.threads, tokenizer)
-            return served_parity(model, inputs, expected, thresholds, alone=not invariant).result
+            return served_parity(self.task, model, inputs, expected, thresholds, alone=not invariant).result
 
         if options.activations:
             config = dataclasses.replace(config, activations=activations)
@@ -284,7 +291,7 @@ class Build:
         """Held-out parity as served, on the provider that serves the target where this host has it; and the
         answers' ranges for int8 and uint8 embeddings."""
         model = load_as_served(self.staging, draft, final, self.options.threads, tokenizer)
-        checked = served_parity(model, heldout, reference, draft.parity.thresholds)
+        checked = served_parity(self.task, model, heldout, reference, draft.parity.thresholds)
         self.log(f"  validated on {checked.provider}")
         self.log("  held-out, worst of alone and batched: "
                  + ", ".join(f"{k}={v:.4f}" for k, v in checked.result.metrics.items()))
@@ -298,7 +305,7 @@ class Build:
         if self.task.ranges:
             # int8/uint8 answers: ranges from the texts the recipe saw, never the held-out ones
             seen = [*self.task.calibration(), *self.task.tuning(), *self.task.probes()]
-            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(model, seen))
+            facts = dataclasses.replace(facts, embedding_ranges=embedding_ranges(self.task, model, seen))
         del model  # its session holds the whole graph: not kept through packaging
         return checked, facts
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from infinity.bundle import choose_target
 from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Activations, Precision, WeightRounding, WeightType
-from optimize.quantize.config import CALIBRATED_ROLES, QuantizationConfig
+from optimize.stages.s5_quantize.config import CALIBRATED_ROLES, QuantizationConfig
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def build_byte_bpe_tokenizer(out: Path, bos: str | None = None, eos: str = EOS, 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from optimize.texts import CALIBRATION_SINGLES, SINGLES
+    from optimize.measure.texts import CALIBRATION_SINGLES, SINGLES
 
     specials = [eos] + ([bos] if bos else [])
     tokenizer = Tokenizer(models.BPE())

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from optimize.export import export_onnx
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
+from optimize.stages.s2_export import export_onnx
 from optimize.tasks.base import CheckedLoadReport, UnsupportedModel
 from tests.models import minilm_dir, transformers_files
 

@@ -20,11 +20,11 @@ import pytest
 from infinity.engine.hostinfo import cpu_flags
 from infinity.engine.tokenization import TextTokenizer
 from infinity.manifest import Manifest
-from optimize.calibrate import Feeder, calibrate
 from optimize.presets import PRESETS, VNNI_FLAGS
-from optimize.quantize.per_token import per_token_candidates, quantize_per_token
-from optimize.quantize.rounding import CompensatedRounding
-from optimize.quantize.smoothing import choose_strengths
+from optimize.stages.s5_quantize.calibrate import Feeder, calibrate
+from optimize.stages.s5_quantize.per_token import per_token_candidates, quantize_per_token
+from optimize.stages.s5_quantize.rounding import CompensatedRounding
+from optimize.stages.s5_quantize.smoothing import choose_strengths
 from optimize.tasks import task_for
 from tests.servers import running
 
@@ -45,7 +45,7 @@ def mpnet(artifacts) -> tuple[Path, Path]:
     references the optimizer computed, its calibration and strengths, and the fused fp32 graph it quantized are
     kept."""
     from optimize import pipeline
-    from optimize.quantize import int8
+    from optimize.stages.s5_quantize import int8
     from tests.models import mpnet_dir
 
     source = mpnet_dir()
@@ -85,8 +85,8 @@ def reference_for(source: Path, inputs: list) -> list:
     known = REFERENCES.get(len(inputs))
     if known is not None and known[0] == inputs:
         return known[1]
-    from optimize.source import load_source
-    from optimize.validate.reference import torch_reference
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s4_reference import torch_reference
 
     return torch_reference(load_source(str(source), TASK), inputs)  # an artifact kept from an earlier run
 
@@ -129,7 +129,7 @@ def test_the_server_answers_what_the_original_does_and_the_same_in_any_batch(mpn
 def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_texts(mpnet, tmp_path):
     """The same graph with nearest-code weights, or with one smoothing strength for every input, misses what the
     artifact passes: the optimizer's search texts (its stress probes among them)."""
-    from optimize.validate.served import load_candidate, served_parity
+    from optimize.stages.s6_validate.served import load_candidate, served_parity
 
     source, artifact = mpnet
     manifest = Manifest.load(artifact)
@@ -159,8 +159,8 @@ def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_t
             path = tmp_path / f"{name}.onnx"
             quantize_per_token(graph, path, calibration.bounds, weight_bits=8, alpha=config.smoothing_alpha,
                                calibrated_roles=roles, alphas=alphas, rounding=compensated)
-        checked = served_parity(load_candidate(staging, manifest, path), inputs, reference, {"cosine_min": 0.99},
-                                alone=False)
+        checked = served_parity(task_for(TASK), load_candidate(staging, manifest, path), inputs, reference,
+                                {"cosine_min": 0.99}, alone=False)
         worst[name] = checked.result.metrics["cosine_min"]
     assert worst["artifact"] >= 0.99, worst
     assert worst["nearest codes"] < 0.99, worst

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from infinity.manifest import Manifest
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
+from optimize.stages.s4_reference import torch_reference
 from optimize.tasks.ranking import RERANKERS
-from optimize.validate.reference import torch_reference
 from tests.servers import Server, running
 
 QUERY = "What is the capital of France?"

@@ -5,9 +5,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from optimize.onnxio import model_bytes
+from optimize.graph.onnxio import model_bytes
 from optimize.pipeline import OptimizeOptions, optimize
-from optimize.quantize.embeddings import quantize_embedding_tables
+from optimize.stages.s5_quantize.embeddings import quantize_embedding_tables
 from tests.models import build_tiny_family
 
 

@@ -24,7 +24,7 @@ TEXTS = ["This movie was wonderful.", "Terrible service, never again.", "Angela 
 def split_artifacts(artifacts) -> dict[str, Path]:
     """distilbert-tiny at fp32 and INT8 with every weight in model.onnx.data (threshold 0 bytes), every graph on
     the way (export, fusion, each INT8 trial) written the same way, as a model over 2 GiB is."""
-    from optimize import onnxio
+    from optimize.graph import onnxio
     from optimize.pipeline import OptimizeOptions, optimize
 
     built = {}
@@ -79,8 +79,8 @@ def test_a_changed_or_missing_weights_file_is_refused_in_one_line(split_artifact
 
 
 def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_artifacts, tmp_path):
-    from optimize.onnxio import copy_model
-    from optimize.validate.served import load_candidate
+    from optimize.graph.onnxio import copy_model
+    from optimize.stages.s6_validate.served import load_candidate
 
     artifact = split_artifacts["fp32"]
     graph = tmp_path / "work" / "candidate.onnx"  # where the quantizer writes its trials: outside the artifact
@@ -124,7 +124,7 @@ class ProtobufLimit:
 
 
 def weights_of(path: Path) -> int:
-    from optimize.onnxio import model_bytes
+    from optimize.graph.onnxio import model_bytes
 
     return model_bytes(path)
 
@@ -155,9 +155,9 @@ INT8_BRANCHES = {
 def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp_path, branch):
     """XLM-R large (2.2 GB of weights) once crashed in the 8-bit attempt: onnx's version converter serialized the
     whole model. Here every serialization carrying more than a tenth of the model's weights inline fails."""
-    from optimize import onnxio
+    from optimize.graph import onnxio
     from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.quantize import int8
+    from optimize.stages.s5_quantize import int8
 
     target, options, expect = INT8_BRANCHES[branch]
     out = tmp_path / "out"
@@ -197,7 +197,7 @@ def test_weights_left_on_disk_are_read_only_where_asked_then_all_when_saved(tmp_
     import onnx
     from onnx import helper, numpy_helper
 
-    from optimize.onnxio import copy_model, save_model, weights_left_on_disk
+    from optimize.graph.onnxio import copy_model, save_model, weights_left_on_disk
 
     rng = np.random.default_rng(0)
     weights = {name: rng.standard_normal((64, 64)).astype(np.float32) for name in ("a", "b")}

@@ -8,8 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine.session import DISABLED_OPTIMIZERS
-from optimize.fuse import split_skip_layer_norms, written_attention
-from optimize.padding_mask import MASK
+from optimize.attention.padding_mask import MASK
+from optimize.attention.written import written_attention
+from optimize.stages.s3_fuse import split_skip_layer_norms
 
 
 def _graph(with_bias: bool) -> onnx.ModelProto:
@@ -260,10 +261,10 @@ def test_a_graph_whose_weights_are_in_a_file_fuses_as_it_does_in_one_file(artifa
     every weight come out as they do from the one-file export."""
     from transformers import AutoConfig
 
-    from optimize.export import export_onnx
-    from optimize.fuse import fuse
-    from optimize.onnxio import copy_model, external_files
-    from optimize.source import load_source
+    from optimize.graph.onnxio import copy_model, external_files
+    from optimize.stages.s1_load import load_source
+    from optimize.stages.s2_export import export_onnx
+    from optimize.stages.s3_fuse import fuse
 
     model = artifacts.source("distilbert-tiny")
     one, split = tmp_path / "one" / "exported.onnx", tmp_path / "split" / "exported.onnx"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from infinity.manifest import Manifest
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
 from tests.servers import Server, running
 
 TEXTS = ["What is BGE M3?", "Dense, sparse and multi-vector retrieval from one model: dense, sparse, dense.",

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from infinity.manifest import Manifest
-from optimize.padding_mask import MASK
+from optimize.attention.padding_mask import MASK
 from tests.models import FAMILIES
 from tests.servers import running
 

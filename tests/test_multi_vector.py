@@ -20,7 +20,7 @@ from infinity.engine.model import LoadedModel
 from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.manifest import Manifest
 from infinity.tasks.multi_vector import expanded
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
 from tests.servers import Server, running
 
 QUERIES = ["what is late interaction?", "ok", "Who wrote 'Hamlet', and when?",

@@ -80,7 +80,7 @@ def test_artifact_is_complete_consistent_and_passes_parity(artifact_for, task, m
 def test_minilm_int8_embeddings_agree_with_sentence_transformers(minilm_int8_artifact):
     from sentence_transformers import SentenceTransformer
 
-    from optimize.texts import SINGLES
+    from optimize.measure.texts import SINGLES
 
     manifest = Manifest.load(minilm_int8_artifact)
     assert manifest.parity.metrics["cosine_min"] >= 0.99
@@ -107,7 +107,7 @@ def test_every_task_model_passes_parity_in_float(artifact_for):
 
 
 def test_edited_weights_fail_parity(artifact_for, tmp_path):
-    from optimize.validate.artifact import validate_artifact
+    from optimize.stages.s6_validate.artifact import validate_artifact
 
     source = artifact_for("sequence-classification", "fp32")
     assert Manifest.load(source).parity.passed  # as built; a second held-out run of it would only repeat that
@@ -202,7 +202,7 @@ def test_gpu_artifacts_have_fp16_weights_and_provider_settings(artifact_for, tar
 
 def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_artifact, artifacts, tmp_path):
     from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.quantize.carry import node_role
+    from optimize.stages.s5_quantize.carry import node_role
 
     out = tmp_path / "carried"
     manifest = optimize(OptimizeOptions(model=str(artifacts.source("distilbert-tiny")), task="sequence-classification",
@@ -226,7 +226,7 @@ def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_a
 def test_the_task_comes_from_the_directory_where_it_says_which(artifacts, tmp_path):
     from sentence_transformers import CrossEncoder
 
-    from optimize.source import detect_task
+    from optimize.stages.s1_load import detect_task
     from tests.models import minilm_dir
 
     assert detect_task(str(minilm_dir()))[0] == "feature-extraction"

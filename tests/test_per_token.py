@@ -7,18 +7,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine.hostinfo import cpu_flags
-from optimize.calibrate import activation_bounds
-from optimize.onnxio import activation_shapes
+from optimize.graph.onnxio import activation_shapes
 from optimize.presets import VNNI_FLAGS
-from optimize.quantize.config import QuantizationConfig
-from optimize.quantize.per_tensor import quantize
-from optimize.quantize.per_token import (
+from optimize.stages.s5_quantize.calibrate import activation_bounds
+from optimize.stages.s5_quantize.config import QuantizationConfig
+from optimize.stages.s5_quantize.per_tensor import quantize
+from optimize.stages.s5_quantize.per_token import (
     GELU_ZERO,
     calibrated_scale,
     per_token_candidates,
     quantize_per_token,
 )
-from optimize.quantize.rounding import quantize_weight
+from optimize.stages.s5_quantize.rounding import quantize_weight
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
 
 # 8-bit weights where this host sums u8 x s8 products in 32 bits (VNNI); 7 elsewhere, as the recipes build them:
@@ -272,7 +272,7 @@ def test_a_written_attentions_context_is_smoothed_in_its_value_projection_and_it
     """ONNX's Attention over merged projections (the fusion's rewrite of a written-out attention): dividing V's
     output columns divides the context's channels, so smoothing the context costs no Mul; and shape inference
     follows the graph past the attention, so the context's per-row prologue takes the shared zero point."""
-    from optimize.fuse import written_attention
+    from optimize.attention.written import written_attention
     from tests.test_fuse import _feeds, _written_attention_graph
 
     model, count = written_attention(_written_attention_graph())

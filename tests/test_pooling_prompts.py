@@ -19,7 +19,7 @@ from bench.inprocess import predict
 from infinity.manifest import Manifest
 from infinity.tasks.feature_extraction import pool
 from optimize.checkpoint import pooling_mode
-from optimize.source import hub_id, load_source
+from optimize.stages.s1_load import hub_id, load_source
 from tests.models import QWEN3_PROMPTS, minilm_dir
 from tests.servers import ROOT, Server, running
 
@@ -99,7 +99,7 @@ def test_the_reference_pools_as_declared_so_parity_checks_the_declared_pooling(t
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from optimize.validate.reference import torch_reference
+    from optimize.stages.s4_reference import torch_reference
 
     source = load_source(str(plain_transformers_copy(tmp_path / "plain")), "feature-extraction", pooling="cls")
     assert source.facts.pooling == "cls" and not source.facts.normalize

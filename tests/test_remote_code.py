@@ -73,7 +73,7 @@ def test_custom_code_runs_with_the_flag_and_the_manifest_says_so(remote_model, t
 
 
 def test_a_native_architecture_ignores_the_custom_code(tmp_path):
-    from optimize.source import runs_remote_code
+    from optimize.stages.s1_load import runs_remote_code
 
     config = {"model_type": "nomic_bert", "architectures": ["NomicBertModel"],
               "auto_map": {"AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}}

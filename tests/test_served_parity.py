@@ -5,8 +5,8 @@ import pytest
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
 from infinity.settings import Settings
+from optimize.stages.s6_validate.served import PADDING_BOUND, mixed_batches, run_served
 from optimize.tasks import task_for
-from optimize.validate.served import PADDING_BOUND, mixed_batches, run_served
 
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")
 # The INT8 test model per task (see test_optimize.INT8_CASES).
@@ -55,7 +55,7 @@ def test_an_answer_does_not_depend_on_its_batch(artifact_for, task, precision):
     assert recorded["largest_batch"] > 8 and recorded["max_abs_diff"] <= bound
     model = LoadedModel.load(path, threads=2, providers=["CPUExecutionProvider"], spin_wait=False)
     inputs = task_for(task).heldout()[::3]
-    outputs = run_served(model, inputs)
+    outputs = run_served(task_for(task), model, inputs)
     worst = max(float(np.abs(a - b).max()) for a, b in zip(outputs.alone, outputs.batched))
     assert outputs.batch_rows > 8
     assert worst <= bound, (task, precision, worst)

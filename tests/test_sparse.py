@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from infinity.manifest import Manifest
-from optimize.source import load_source
+from optimize.stages.s1_load import load_source
+from optimize.stages.s4_reference import torch_reference
 from optimize.tasks import task_for
 from optimize.tasks.sparse_embedding import sparse_encoder
-from optimize.validate.reference import torch_reference
 from tests.models import build_tiny_splade, minilm_dir, transformers_files
 from tests.servers import Server, running
 
@@ -162,7 +162,7 @@ def test_a_splade_model_asked_for_the_wrong_thing_is_refused_in_one_line(splade_
 
 
 def test_a_model_without_a_masked_lm_head_is_refused_not_run_on_random_weights(tmp_path: Path) -> None:
-    from optimize.export import export_onnx
+    from optimize.stages.s2_export import export_onnx
     from optimize.tasks.base import UnsupportedModel
 
     bare = transformers_files(minilm_dir(), tmp_path / "bert")  # a BertModel: no masked-LM head
@@ -179,7 +179,7 @@ def test_a_splade_model_pooled_per_token_exports_faithfully(tmp_path: Path, pool
     import onnxruntime as ort
     from transformers import BertForMaskedLM
 
-    from optimize.export import export_onnx
+    from optimize.stages.s2_export import export_onnx
 
     path = build_tiny_splade(tmp_path / pooling, layers=1, pooling=pooling)
     assert json.loads((path / "1_SpladePooling" / "config.json").read_text())["pooling_strategy"] == pooling

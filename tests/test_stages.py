@@ -1,6 +1,7 @@
-"""The optimizer's modules in pipeline order: what every stage reads (the texts, the checkpoint, the tasks, graph
-I/O) comes first, then load, export, fuse, calibrate, quantize, validate, package; no module imports a later stage
-than its own, and adding a task touches the task registry alone."""
+"""The optimizer's modules in pipeline order, read from the tree: the helpers every stage may use (graph I/O, what is
+measured with, the checkpoint, the tasks, the attention rewrites) come first, then the stages in their folder's
+numbered order (optimize/stages/s1_load ... s7_package), then what runs them; no module imports a later place than
+its own, and adding a task touches the task registry alone."""
 from __future__ import annotations
 
 import ast
@@ -9,14 +10,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZE = ROOT / "optimize"
-# each module's place, by its first name under optimize/; a module may import its own place and earlier ones
-ORDER = ["onnxio", "agreement", "texts", "checkpoint", "tasks", "source", "export", "padding_mask", "fuse",
-         "calibrate", "quantize", "presets", "validate", "package", "pipeline", "bundle", "cli", "__main__", "__init__"]
+STAGES = OPTIMIZE / "stages"
+HELPERS = ["graph", "measure", "checkpoint", "tasks", "attention"]
+RUNNERS = ["presets", "pipeline", "bundle", "cli", "__main__", "__init__"]
+
+
+def stage_names() -> list[str]:
+    """The stages in the order `ls optimize/stages` shows them: s1_load, s2_export, ..."""
+    found = sorted((path.stem for path in STAGES.iterdir() if re.fullmatch(r"s\d_\w+", path.stem)),
+                   key=lambda name: int(name[1]))
+    return found
+
+
+def order() -> list[str]:
+    return [*HELPERS, "stages", *(f"stages.{name}" for name in stage_names()), *RUNNERS]
 
 
 def place(module: str) -> int:
+    """A module's place: its first name under optimize/, or its stage under optimize/stages/."""
     parts = module.split(".")
-    return ORDER.index(parts[1] if len(parts) > 1 else "__init__")
+    if len(parts) == 1:
+        return order().index("__init__")
+    key = parts[1] if parts[1] != "stages" or len(parts) == 2 or parts[2] == "__init__" else f"stages.{parts[2]}"
+    return order().index(key)
 
 
 def imports(path: Path) -> set[str]:
@@ -41,6 +57,14 @@ def modules() -> dict[str, Path]:
 
 def test_every_module_has_a_place():
     assert all(place(name) >= 0 for name in modules())
+
+
+def test_ls_shows_the_seven_stages_in_pipeline_order():
+    assert stage_names() == ["s1_load", "s2_export", "s3_fuse", "s4_reference", "s5_quantize", "s6_validate",
+                             "s7_package"]
+    assert sorted(path.name for path in OPTIMIZE.iterdir() if path.suffix == ".py" or (path / "__init__.py").is_file()
+                  ) == sorted(f"{name}.py" if (OPTIMIZE / f"{name}.py").is_file() else name
+                              for name in [*HELPERS, "stages", *RUNNERS])
 
 
 def test_no_stage_imports_a_later_one():

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from infinity.manifest import TaskName
 from optimize.tasks.base import OptimizerTask
-from optimize.tasks.feature_extraction import FeatureExtraction
-from optimize.tasks.hybrid_embedding import HybridTask
+from optimize.tasks.feature_extraction import FeatureExtractionTask
+from optimize.tasks.hybrid_embedding import HybridEmbeddingTask
 from optimize.tasks.multi_vector import MultiVectorTask
-from optimize.tasks.ranking import Ranking
-from optimize.tasks.sequence_classification import SequenceClassification, TokenClassification
-from optimize.tasks.sparse_embedding import SparseEmbedding
+from optimize.tasks.ranking import RankingTask
+from optimize.tasks.sequence_classification import SequenceClassificationTask
+from optimize.tasks.sparse_embedding import SparseEmbeddingTask
+from optimize.tasks.token_classification import TokenClassificationTask
 
 REGISTRY: dict[TaskName, OptimizerTask] = {task.name: task for task in (
-    FeatureExtraction(), SparseEmbedding(), MultiVectorTask(), HybridTask(), SequenceClassification(),
-    TokenClassification(), Ranking())}
+    FeatureExtractionTask(), SparseEmbeddingTask(), MultiVectorTask(), HybridEmbeddingTask(),
+    SequenceClassificationTask(), TokenClassificationTask(), RankingTask())}
 
 
 def task_for(name: str) -> OptimizerTask:

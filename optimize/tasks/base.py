@@ -14,9 +14,9 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from optimize import agreement, texts
-from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel
+from optimize.measure import agreement, texts
+from optimize.measure.agreement import Outputs
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -256,3 +256,18 @@ def classifier_reference(source: SourceModel, model: Any, inputs: list[TextInput
 
 def hardest(task: OptimizerTask, reference: Outputs, candidate: Outputs) -> list[int]:
     return agreement.hardest(task.vectors(reference), task.vectors(candidate)) if task.continuous else []
+
+
+def labels(config: Any) -> dict[int, str]:
+    return {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
+
+
+class ClassifierHead(OptimizerTask):
+    """A task whose checkpoint must bring its trained head."""
+
+    def refuse_missing(self, source: SourceModel, missing: str) -> None:
+        # scores and labels from random weights, which the PyTorch reference (started from other random weights)
+        # would not even match
+        raise UnsupportedModel(f"{source.path.name} has no trained {self.name} head (missing {missing}): pass a "
+                               f"checkpoint fine-tuned for {self.name}, or --task feature-extraction for its "
+                               "embeddings")

@@ -9,8 +9,6 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import POOLINGS, SPLADE, TaskFacts, TaskName
 from infinity.tasks.feature_extraction import l2_normalize
-from optimize import agreement
-from optimize.agreement import Outputs
 from optimize.checkpoint import (
     Checkpoint,
     Module,
@@ -22,6 +20,8 @@ from optimize.checkpoint import (
     read_json,
     read_modules,
 )
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs
 from optimize.tasks.base import OptimizerTask, with_modules
 from optimize.tasks.hybrid_embedding import M3_HEADS
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from infinity.engine.model import LoadedModel
 
 
-class FeatureExtraction(OptimizerTask):
+class FeatureExtractionTask(OptimizerTask):
     name = TaskName.FEATURE_EXTRACTION
     metrics = ("cosine_min", "cosine_mean", "max_abs_diff")
     thresholds = {"cosine_min": 0.99}

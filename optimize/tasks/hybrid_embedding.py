@@ -10,9 +10,9 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Hybrid, TaskFacts, TaskName
 from infinity.tasks.hybrid_embedding import HybridEmbedding
-from optimize import agreement
-from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, hidden_size, pooling_mode, prompts, read_json
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs
 from optimize.tasks.base import OptimizerTask, head
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class HybridAnswer(NamedTuple):
     colbert: np.ndarray  # one normalized vector per token but the first
 
 
-class HybridTask(OptimizerTask):
+class HybridEmbeddingTask(OptimizerTask):
     name = TaskName.HYBRID_EMBEDDING
     metrics = tuple(f"{head}_{name}" for head, names in HEADS.items() for name in names)
     # the sparse head's weights are one dot product per token, cut at zero by relu: a text of two tokens whose
@@ -145,7 +145,7 @@ class HybridTask(OptimizerTask):
         return [answer.dense for answer in answers]  # a search ranks texts by the dense vector
 
     def moved(self, alone: Any, batched: Any) -> float:
-        return max(super(HybridTask, self).moved(a, b) for a, b in zip(alone, batched))
+        return max(super(HybridEmbeddingTask, self).moved(a, b) for a, b in zip(alone, batched))
 
     def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
         assert isinstance(model.task, HybridEmbedding)

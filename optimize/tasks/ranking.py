@@ -9,11 +9,10 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Reranker, TaskFacts, TaskName
-from optimize import agreement
-from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, read_json
-from optimize.tasks.base import UnsupportedModel, head, output_hook
-from optimize.tasks.sequence_classification import ClassifierHead, labels
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs
+from optimize.tasks.base import ClassifierHead, UnsupportedModel, head, labels, output_hook
 
 if TYPE_CHECKING:
     from infinity.engine.model import LoadedModel
@@ -32,7 +31,7 @@ RERANKERS: dict[str, dict[str, str]] = {
 RERANKER_FIELDS = ("prefix", "suffix", "template", "instruction", "true_token", "false_token")
 
 
-class Ranking(ClassifierHead):
+class RankingTask(ClassifierHead):
     name = TaskName.RANKING
     texts = "pairs"
     metrics = ("spearman_mean", "spearman_min", "top1_agreement", "top1_agreement_strict", "max_score_diff")

@@ -1,35 +1,16 @@
 """Sequence classification: the checkpoint's classifier head over a text or a text pair, against transformers."""
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
 from infinity.engine.tokenization import TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from optimize import agreement
-from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel
-from optimize.tasks.base import OptimizerTask, UnsupportedModel, classifier_reference
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs
+from optimize.tasks.base import ClassifierHead, classifier_reference, labels
 
 
-def labels(config: Any) -> dict[int, str]:
-    return {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
-
-
-class ClassifierHead(OptimizerTask):
-    """A task whose checkpoint must bring its trained head."""
-
-    def refuse_missing(self, source: SourceModel, missing: str) -> None:
-        # scores and labels from random weights, which the PyTorch reference (started from other random weights)
-        # would not even match
-        raise UnsupportedModel(f"{source.path.name} has no trained {self.name} head (missing {missing}): pass a "
-                               f"checkpoint fine-tuned for {self.name}, or --task feature-extraction for its "
-                               "embeddings")
-
-
-class SequenceClassification(ClassifierHead):
+class SequenceClassificationTask(ClassifierHead):
     name = TaskName.SEQUENCE_CLASSIFICATION
     texts = "both"
     metrics = ("top1_agreement", "max_prob_diff")
@@ -52,30 +33,3 @@ class SequenceClassification(ClassifierHead):
 
     def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
         return agreement.classification(reference, candidate)
-
-
-class TokenClassification(ClassifierHead):
-    name = TaskName.TOKEN_CLASSIFICATION
-    metrics = ("label_agreement", "max_prob_diff")
-    thresholds = {"label_agreement": 0.99}
-    auto_model = "AutoModelForTokenClassification"
-
-    def facts(self, checkpoint: Checkpoint, pooling: str | None,
-              reranker: str | dict[str, str] | None) -> tuple[TaskFacts, list[Module]]:
-        return TaskFacts(id2label=labels(checkpoint.config), score_activation="softmax"), []
-
-    def reference(self, source: SourceModel, inputs: list[TextInput]) -> Outputs:
-        def rows(logits: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
-            probs = activate(logits, "softmax")  # what the server answers from
-            return [probs[row, : int(mask[row].sum())] for row in range(len(probs))]
-
-        return classifier_reference(source, self.load_model(source), inputs, rows)
-
-    def reference_name(self, source: SourceModel) -> str:
-        return "transformers, PyTorch FP32"
-
-    def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
-        return agreement.token_labels(reference, candidate)
-
-    def served_values(self, model: Any, row: np.ndarray, item: Any) -> Any:
-        return row[:len(item)].astype(np.float32)

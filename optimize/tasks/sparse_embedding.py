@@ -8,9 +8,9 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import SPLADE, SPLADE_MAX_LOGITS, SPLADE_SETTINGS, TaskFacts, TaskName
-from optimize import agreement
-from optimize.agreement import Outputs
 from optimize.checkpoint import Checkpoint, Module, SourceModel, prompts, read_json
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs
 from optimize.tasks.base import OptimizerTask, UnsupportedModel, head, output_hook
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 SPLADE_KEYS = {*SPLADE_SETTINGS, "embedding_dimension", "word_embedding_dimension", "chunk_size"}
 
 
-class SparseEmbedding(OptimizerTask):
+class SparseEmbeddingTask(OptimizerTask):
     name = TaskName.SPARSE_EMBEDDING
     metrics = ("cosine_min", "cosine_mean", "max_abs_diff", "dot_spearman_mean", "dot_spearman_min",
                "dot_top1_agreement", "top_k_overlap_mean", "top_k_overlap_min", "nonzero_jaccard_min")

@@ -1,12 +1,12 @@
 """Task-level agreement between a reference and a candidate, held to thresholds; what each task measures is its
-own (tasks/*.py: measure), on the measures of optimize/agreement.py."""
+own (tasks/*.py: measure), on the measures of optimize/measure/agreement.py."""
 from __future__ import annotations
 
 import numpy as np
 
 from infinity.engine.tokenization import TextInput
-from optimize import agreement
-from optimize.agreement import Outputs, ParityResult
+from optimize.measure import agreement
+from optimize.measure.agreement import Outputs, ParityResult
 from optimize.tasks.base import OptimizerTask, hardest
 
 

@@ -32,10 +32,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.calibrate import Bounds, peaks
-from optimize.onnxio import ATTENTION_OPSET, activation_shapes, converted, save_model
-from optimize.padding_mask import padding_mask
-from optimize.quantize.rounding import CompensatedRounding, quantize_weight
+from optimize.attention.quantized import AttentionMask, ValueBias, quantized_attention, value_projection
+from optimize.graph.onnxio import ATTENTION_OPSET, activation_shapes, constant, converted, matmul_weight, save_model
+from optimize.stages.s5_quantize.calibrate import Bounds, peaks
+from optimize.stages.s5_quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator
@@ -92,7 +92,7 @@ def rewritable(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 def weight_readers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The MatMuls (and Attentions) that multiply by a constant weight."""
     weights = {init.name: init for init in graph.initializer}
-    return [n for n in graph.node if _weight(n, weights) is not None]
+    return [n for n in graph.node if matmul_weight(n, weights) is not None]
 
 
 def _varying(graph: onnx.GraphProto) -> set[str]:
@@ -127,15 +127,6 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
         for name in node.input:
             consumers[name].append(node)
     return consumers
-
-
-def _weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
-    if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights:
-        return None
-    weight = weights[node.input[1]]
-    # one output column stays float: a single dot product per row costs next to nothing, and INT8 rounding shows
-    # most there (bge-m3's sparse weight of each token)
-    return weight if len(weight.dims) == 2 and weight.dims[1] > 1 else None
 
 
 def smoothing_scales(peak: np.ndarray, weight_peak: np.ndarray, alpha: float) -> np.ndarray:
@@ -238,7 +229,7 @@ class _Rewrite:
                 float_weights[source.name][:, 2 * hidden:] /= scale[None, :]
                 self.biases[source.name][2 * hidden:] /= scale
                 record.smoothing_folded += 1
-            elif only_ours and (value := _value_projection(source, self.producers, self.consumers, weights)
+            elif only_ours and (value := value_projection(source, self.producers, self.consumers, weights)
                                 ) is not None and value[0].name in float_weights:
                 float_weights[value[0].name] = float_weights[value[0].name] / scale[None, :]
                 if value[1] is not None:
@@ -285,7 +276,7 @@ class _Rewrite:
         new_nodes: list[onnx.NodeProto] = []
         zero_points = _ZeroPoints(graph, new_nodes)
         # below ONNX's Attention (a graph the converter cannot lift): MultiHeadAttention
-        mask = _AttentionMask(graph, new_nodes) if self.opset >= ATTENTION_OPSET else None
+        mask = AttentionMask(graph, new_nodes) if self.opset >= ATTENTION_OPSET else None
         ranks = shared_leading(self.inferred, graph.input[0].name)
         prologue_done: set[str] = set()
         for node in graph.node:
@@ -310,8 +301,8 @@ class _Rewrite:
                     source = smoothed
                 rows = self.float_weights[node.name].shape[0]
                 if one_scale:
-                    _const(graph, row_scale, np.array(calibrated[tensor][0], np.float32))
-                    new_nodes.append(helper.make_node("QuantizeLinear", [source, row_scale, _const(
+                    constant(graph, row_scale, np.array(calibrated[tensor][0], np.float32))
+                    new_nodes.append(helper.make_node("QuantizeLinear", [source, row_scale, constant(
                         graph, f"{tensor}/calibrated_zero", np.array(zero, np.uint8))], [quantized],
                         name=f"{tensor}/q/QuantizeLinear"))
                     record.calibrated += 1
@@ -322,11 +313,11 @@ class _Rewrite:
                                                activation_bits, floor))
                 prologue_done.add(tensor)
             if node.op_type == "Attention":
-                _const(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
-                value_bias = _ValueBias(node, self.consumers, self.weights, codes,
-                                        self.inverse_scales.get(node.output[0]))
-                new_nodes.extend(_attention(node, quantized, row_scale, *codes[node.name], self.biases.get(node.name),
-                                            graph, mask, value_bias, one_scale))
+                constant(graph, f"{node.name}/a_zero", np.array(zero, np.uint8))
+                value_bias = ValueBias(node, self.consumers, self.weights, codes,
+                                       self.inverse_scales.get(node.output[0]))
+                new_nodes.extend(quantized_attention(node, quantized, row_scale, *codes[node.name],
+                                                     self.biases.get(node.name), graph, mask, value_bias, one_scale))
             else:
                 new_nodes.extend(_matmul(node, quantized, row_scale, codes[node.name], zero, graph, self.consumers,
                                          self.weights, bypassed if one_scale else None))
@@ -351,11 +342,6 @@ def calibrated_scale(bounds: Bounds, divided: np.ndarray | None) -> tuple[float,
     low_end, high_end = min(float(low.min()), 0.0), max(float(high.max()), 0.0)
     scale = max(high_end - low_end, 1e-12) / 255
     return scale, int(np.clip(np.round(-low_end / scale), 0, 255))
-
-
-def _const(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
-    graph.initializer.append(numpy_helper.from_array(value, name))
-    return name
 
 
 def activation_levels(bits: int) -> tuple[int, int]:
@@ -386,16 +372,16 @@ def _prologue(x: str, quantized: str, row_scale: str, zero_point: str | None, ze
     if zero_point is None:
         zero_point = f"{p}/zero_point"
         shaped = [helper.make_node("Shape", [row_scale], [f"{p}/scale_shape"], name=f"{p}/Shape"),
-                  helper.make_node("Expand", [_const(graph, f"{p}/zero", np.array(zero, np.uint8)),
+                  helper.make_node("Expand", [constant(graph, f"{p}/zero", np.array(zero, np.uint8)),
                                               f"{p}/scale_shape"], [zero_point], name=f"{p}/Expand")]
     one_sided = floor is not None
     levels = 255 - zero if one_sided else activation_levels(bits)[0]
-    _const(graph, f"{p}/axes", np.array([-1], np.int64))
-    _const(graph, f"{p}/step", np.array(1 / levels, np.float32))
+    constant(graph, f"{p}/axes", np.array([-1], np.int64))
+    constant(graph, f"{p}/step", np.array(1 / levels, np.float32))
     magnitude = [] if one_sided else [helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs")]
     scaled = f"{p}/peak_step" if one_sided else row_scale
     least = [] if floor is None else [helper.make_node(
-        "Max", [scaled, _const(graph, f"{p}/least_step", np.array(floor / zero, np.float32))], [row_scale],
+        "Max", [scaled, constant(graph, f"{p}/least_step", np.array(floor / zero, np.float32))], [row_scale],
         name=f"{p}/LeastStep")]
     return [
         *magnitude,
@@ -424,10 +410,10 @@ class _ZeroPoints:
             source = self.graph.input[0].name
             self.nodes += [
                 helper.make_node("Shape", [source], [f"{name}/leading"], name=f"{name}/Shape", end=rank - 1),
-                helper.make_node("Concat", [f"{name}/leading", _const(self.graph, f"{name}/one",
+                helper.make_node("Concat", [f"{name}/leading", constant(self.graph, f"{name}/one",
                                                                       np.array([1], np.int64))],
                                  [f"{name}/shape"], name=f"{name}/Concat", axis=0),
-                helper.make_node("Expand", [_const(self.graph, f"{name}/value", np.array(zero, np.uint8)),
+                helper.make_node("Expand", [constant(self.graph, f"{name}/value", np.array(zero, np.uint8)),
                                             f"{name}/shape"], [name], name=f"{name}/Expand"),
             ]
             self.made[key] = name
@@ -476,9 +462,9 @@ def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: 
     added to it."""
     p = node.name
     codes, scale = weight_codes
-    _const(graph, f"{p}/a_zero", np.array(zero, np.uint8))
-    _const(graph, f"{p}/w_q", codes)
-    _const(graph, f"{p}/w_scale", scale)
+    constant(graph, f"{p}/a_zero", np.array(zero, np.uint8))
+    constant(graph, f"{p}/w_q", codes)
+    constant(graph, f"{p}/w_scale", scale)
     rows_out = node.output[0]
     inputs = [quantized, f"{p}/w_q", row_scale, f"{p}/w_scale", f"{p}/a_zero"]
     if bypassed is not None:
@@ -491,97 +477,6 @@ def _matmul(node: onnx.NodeProto, quantized: str, row_scale: str, weight_codes: 
     # A's scale: one calibrated constant, which the kernel applies before it adds the bias; or the row scale
     # [..., M, 1], which onnxruntime applies in a pass after the kernel (bias included), so the bias stays an Add
     return [helper.make_node("MatMulIntegerToFloat", inputs, [rows_out], name=f"{p}/MatMulInteger", domain=MS)]
-
-
-class _AttentionMask:
-    """ONNX Attention's boolean mask [batch, 1, sequence, sequence] (True: attend), made once from the graph's
-    attention_mask input."""
-
-    def __init__(self, graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
-        self.graph, self.nodes, self.made = graph, nodes, ""
-        self.source = next((i.name for i in graph.input if i.name == "attention_mask"), "")
-
-    def get(self) -> str:
-        if self.source and not self.made:
-            self.made = "per_token/attention_mask"
-            self.nodes += padding_mask(self.graph, self.made)
-        return self.made
-
-
-class _ValueBias:
-    """Moves V's bias past the attention: context + b_v feeds the output projection, which adds b_v @ W_o to its
-    own bias. Possible when the attention's output is read only by that MatMul and its bias is a constant only it
-    uses; `inverse`: 1/s when the projection's input is smoothed by a Mul (b_v meets the smoothed weights)."""
-
-    def __init__(self, node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]],
-                 weights: dict[str, onnx.TensorProto], codes: dict[str, tuple[np.ndarray, np.ndarray]],
-                 inverse: np.ndarray | None) -> None:
-        users = consumers.get(node.output[0], [])
-        self.projection = users[0] if len(users) == 1 and users[0].input[0] == node.output[0] else None
-        self.weight = None
-        if self.projection is not None and _weight(self.projection, weights) is not None:
-            name = self.projection.name
-            if name in codes:  # as the INT8 MatMul will multiply: the codes times their scales
-                self.weight = codes[name][0].astype(np.float32) * codes[name][1]
-            else:  # kept in float
-                self.weight = numpy_helper.to_array(weights[self.projection.input[1]]).astype(np.float32)
-        self.consumers, self.weights, self.inverse = consumers, weights, inverse
-
-    def fold(self, bias: np.ndarray) -> bool:
-        if self.projection is None or self.weight is None:
-            return False
-        bias = bias if self.inverse is None else bias * self.inverse
-        return _fold_bias(self.projection.output[0], bias @ self.weight, self.consumers, self.weights)
-
-
-def _attention(node: onnx.NodeProto, quantized: str, row_scale: str, codes: np.ndarray, scale: np.ndarray,
-               bias: np.ndarray | None, graph: onnx.GraphProto, mask: _AttentionMask | None,
-               value_bias: _ValueBias, in_kernel: bool = False) -> list[onnx.NodeProto]:
-    """Q, K and V as three INT8 MatMuls of the same codes (no Split to copy them apart), then ONNX's Attention
-    (or MultiHeadAttention, below opset 23). `in_kernel`: A's scale is one constant, so the MatMuls add Q's and V's
-    biases themselves."""
-    p = node.name
-    hidden = codes.shape[1] // 3
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    masked = len(node.input) > 3 and bool(node.input[3])
-    nodes = []
-    for index, part in enumerate("qkv"):
-        columns = slice(index * hidden, (index + 1) * hidden)
-        _const(graph, f"{p}/{part}/w_q", np.ascontiguousarray(codes[:, columns]))
-        _const(graph, f"{p}/{part}/w_scale", np.ascontiguousarray(scale[columns]))
-        nodes.append(helper.make_node("MatMulIntegerToFloat", [quantized, f"{p}/{part}/w_q", row_scale,
-                                                               f"{p}/{part}/w_scale", f"{p}/a_zero"],
-                                      [f"{p}/{part}"], name=f"{p}/MatMulInteger_{part}", domain=MS))
-    if mask is None or (masked and not mask.get()):
-        inputs = [f"{p}/q", f"{p}/k", f"{p}/v"]
-        if bias is not None:
-            inputs.append(_const(graph, f"{p}/qkv_bias", bias.astype(np.float32)))
-        elif masked:
-            inputs.append("")
-        if masked:
-            inputs.append(node.input[3])
-        extra = {k: attrs[k] for k in ("mask_filter_value", "scale") if k in attrs}
-        nodes.append(helper.make_node("MultiHeadAttention", inputs, [node.output[0]], name=f"{p}/MultiHeadAttention",
-                                      domain=MS, num_heads=attrs["num_heads"], **extra))
-        return nodes
-    parts = {"q": f"{p}/q", "k": f"{p}/k", "v": f"{p}/v"}
-    if bias is not None:
-        query, value = bias[:hidden].astype(np.float32), bias[2 * hidden:].astype(np.float32)
-        for part, values in (("q", query), ("v", None if value_bias.fold(value) else value)):
-            if values is not None and values.any() and in_kernel:
-                matmul = nodes["qkv".index(part)]
-                matmul.input.extend(["", _const(graph, f"{p}/{part}/bias", values)])
-            elif values is not None and values.any():
-                nodes.append(helper.make_node("Add", [parts[part], _const(graph, f"{p}/{part}/bias", values)],
-                                              [f"{p}/{part}_biased"], name=f"{p}/{part}/AddBias"))
-                parts[part] = f"{p}/{part}_biased"
-    extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
-    if attrs.get("unidirectional"):
-        extra["is_causal"] = 1
-    inputs = [parts["q"], parts["k"], parts["v"], *([mask.get()] if masked else [])]
-    nodes.append(helper.make_node("Attention", inputs, [node.output[0]], name=f"{p}/Attention",
-                                  q_num_heads=attrs["num_heads"], kv_num_heads=attrs["num_heads"], **extra))
-    return nodes
 
 
 def _take_bias(output: str, consumers: dict[str, list[onnx.NodeProto]], weights: dict[str, onnx.TensorProto],
@@ -605,50 +500,3 @@ def _take_bias(output: str, consumers: dict[str, list[onnx.NodeProto]], weights:
         del user.input[1:]
         return bias, output, ""
     return bias, user.output[0], user.name
-
-
-def _value_projection(attention: onnx.NodeProto | None, producers: dict[str, onnx.NodeProto],
-                      consumers: dict[str, list[onnx.NodeProto]], weights: dict[str, onnx.TensorProto]
-                      ) -> tuple[onnx.NodeProto, str | None] | None:
-    """(the MatMul, its bias constant or None) that alone makes V of ONNX's Attention over [batch, sequence, heads x
-    size], where V feeds nothing else; None elsewhere."""
-    if (attention is None or attention.op_type != "Attention" or attention.domain not in ("", "ai.onnx")
-            or not any(a.name == "q_num_heads" for a in attention.attribute)):
-        return None
-    value = attention.input[2]
-    node, bias = producers.get(value), None
-    if len(consumers.get(value, [])) != 1 or node is None:
-        return None
-    if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
-        inner = [name for name in node.input if name not in weights]
-        bias = next((name for name in node.input if name in weights), None)
-        if len(inner) != 1 or bias is None or len(consumers.get(bias, [])) != 1 or len(consumers[inner[0]]) != 1:
-            return None
-        node = producers.get(inner[0])
-    weight = None if node is None or node.op_type != "MatMul" else _weight(node, weights)
-    if node is None or weight is None or (bias is not None and list(weights[bias].dims) != [weight.dims[1]]):
-        return None
-    return node, bias
-
-
-def _fold_bias(output: str, addend: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
-               weights: dict[str, onnx.TensorProto]) -> bool:
-    """Add `addend` to the constant bias that the one reader of `output` adds to it (a SkipLayerNormalization's own
-    bias, or an Add of a constant), if no other node uses that constant."""
-    users = consumers.get(output, [])
-    if len(users) != 1:
-        return False
-    user = users[0]
-    if user.op_type == "SkipLayerNormalization" and len(user.input) > 4:
-        bias_name = user.input[4]
-    elif user.op_type == "Add" and user.domain in ("", "ai.onnx"):
-        bias_name = next((name for name in user.input if name != output), "")
-    else:
-        return False
-    if bias_name not in weights or len(consumers.get(bias_name, [])) != 1:
-        return False
-    bias = numpy_helper.to_array(weights[bias_name]).astype(np.float32)
-    if bias.shape != addend.shape:
-        return False
-    weights[bias_name].CopyFrom(numpy_helper.from_array(bias + addend, bias_name))
-    return True

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.checkpoint import SourceModel
-from optimize.onnxio import copy_model, external_files
-from optimize.tasks import task_for
+from optimize.graph.onnxio import copy_model, external_files
 from optimize.tasks.base import UnsupportedModel, input_names
 
 OPSET = 17
@@ -39,7 +38,7 @@ def export_onnx(source: SourceModel, path: Path, external_data_bytes: int | None
     its one output name."""
     import torch
 
-    task = task_for(source.task)
+    task = source.task
     model = task.load_model(source)
     names = input_names(model)
     head, output = task.graph(model, source)

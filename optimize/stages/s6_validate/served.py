@@ -23,11 +23,11 @@ from infinity.manifest import Manifest
 from infinity.settings import Settings
 from infinity.tasks import Request, make_task
 from infinity.tasks.feature_extraction import l2_normalize
-from optimize.agreement import Outputs, ParityResult
-from optimize.onnxio import external_files
-from optimize.tasks import task_for
+from optimize.graph.onnxio import external_files
+from optimize.measure.agreement import Outputs, ParityResult
+from optimize.stages.s6_validate.parity import batch_invariance, compare, worst
+from optimize.tasks.base import OptimizerTask
 from optimize.tasks.hybrid_embedding import HybridAnswer
-from optimize.validate.parity import batch_invariance, compare, worst
 
 SHUFFLE_SEED = 7
 DEFAULTS = Settings()  # frozen: the server's defaults, shared
@@ -100,9 +100,9 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def row_values(model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
+def row_values(task: OptimizerTask, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
     """The numbers parity compares, from one row of a served batch, as the model's task reads them."""
-    return task_for(model.manifest.source.task).served_values(model, row, item)
+    return task.served_values(model, row, item)
 
 
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
@@ -111,21 +111,21 @@ def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
     return operation_for(model.task).request(inputs, {})
 
 
-def run_served(model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
+def run_served(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
                alone: bool = True) -> ServedOutputs:
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
     (padding, engine, the task's reduction). `alone` False, for a graph whose answers cannot depend on their
     batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
     encoded = model.encode(served_request(model, inputs))
-    singles = [row_values(model, model.forward([e])[0], e) for e in encoded] if alone else []
+    singles = [row_values(task, model, model.forward([e])[0], e) for e in encoded] if alone else []
     batched: list[Any] = [None] * len(inputs)
     largest = 0
     for indices in mixed_batches([len(e) for e in encoded], settings, shuffled=alone):
         largest = max(largest, len(indices))
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
-            batched[i] = row_values(model, row, encoded[i])
+            batched[i] = row_values(task, model, row, encoded[i])
     return ServedOutputs(singles if alone else batched, batched, largest)
 
 
@@ -153,12 +153,12 @@ def mixed_batches(lengths: list[int], settings: Settings, shuffled: bool = True)
     return batches
 
 
-def embedding_ranges(model: LoadedModel, inputs: list[TextInput]) -> dict[str, list[list[float]]]:
+def embedding_ranges(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput]) -> dict[str, list[list[float]]]:
     """Each dimension's [minimums, maximums] over the vectors the server answers for `inputs`, normalized and not:
     the ranges of int8 and uint8 embeddings."""
     raw = dataclasses.replace(model, manifest=dataclasses.replace(
         model.manifest, task=dataclasses.replace(model.manifest.task, normalize=False)))
-    answers = run_served(raw, inputs, alone=False).batched
+    answers = run_served(task, raw, inputs, alone=False).batched
     rows = np.stack([a.dense if isinstance(a, HybridAnswer) else a for a in answers])
     ranges = {}
     for name, vectors in (("normalized", l2_normalize(rows)), ("unnormalized", rows)):
@@ -174,12 +174,11 @@ class ServedParity:
     provider: str                        # the execution provider the answers came from
 
 
-def served_parity(model: LoadedModel, inputs: list[TextInput], reference: Outputs, thresholds: dict[str, float],
-                  settings: Settings = DEFAULTS, alone: bool = True) -> ServedParity:
+def served_parity(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput], reference: Outputs,
+                  thresholds: dict[str, float], settings: Settings = DEFAULTS, alone: bool = True) -> ServedParity:
     """`alone` False (for a graph whose answers cannot depend on their batch, while it is searched for): batched
     only, in batches of like lengths, a fraction of the time; the artifact's own check always runs both."""
-    task = task_for(model.manifest.source.task)
-    outputs = run_served(model, inputs, settings, alone)
+    outputs = run_served(task, model, inputs, settings, alone)
     single = compare(task, reference, outputs.alone, inputs, thresholds)
     batched = compare(task, reference, outputs.batched, inputs, thresholds)
     invariance = {**batch_invariance(task, outputs.alone, outputs.batched), "largest_batch": float(outputs.batch_rows)}

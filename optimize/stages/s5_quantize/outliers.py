@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from infinity.manifest import Outliers
-from optimize.onnxio import save_model
+from optimize.graph.onnxio import save_model
 
 RATIO = 3.0         # a channel is an outlier when its calibrated range exceeds RATIO x the median channel's
 MAX_CHANNELS = 16   # at most this many per MatMul: the float side path stays small

@@ -1,6 +1,6 @@
-"""Calibration: the graph's inputs for the calibration texts (optimize/texts.py) as the server builds them, and the
-per-channel range of every quantizable node's input over their real tokens, which smoothing and calibrated scales are
-made from."""
+"""Calibration: the graph's inputs for the calibration texts (optimize/measure/texts.py) as the server builds them, and
+the per-channel range of every quantizable node's input over their real tokens, which smoothing and calibrated scales
+are made from."""
 from __future__ import annotations
 
 import tempfile
@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from infinity.engine.tokenization import TextInput, TextTokenizer, pad_batch
-from optimize.onnxio import session_source
+from optimize.graph.onnxio import session_source
 
 
 class Feeder:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 # Well below protobuf's 2 GiB: the graph, names and attributes add to the weights.
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -210,3 +210,18 @@ def activation_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None
                      for d in v.type.tensor_type.shape.dim]
             for v in [*inferred.graph.input, *inferred.graph.value_info] if v.type.tensor_type.HasField("shape")}
 
+
+def constant(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
+    """Adds `value` to the graph's initializers as `name`; returns the name."""
+    graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
+
+
+def matmul_weight(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The constant 2-D weight a MatMul or fused Attention multiplies by, or None."""
+    if node.op_type not in ("MatMul", "Attention") or len(node.input) < 2 or node.input[1] not in weights:
+        return None
+    weight = weights[node.input[1]]
+    # one output column stays float: a single dot product per row costs next to nothing, and INT8 rounding shows
+    # most there (bge-m3's sparse weight of each token)
+    return weight if len(weight.dims) == 2 and weight.dims[1] > 1 else None

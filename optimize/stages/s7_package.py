@@ -10,7 +10,7 @@ from typing import Any
 import onnx
 
 from infinity.manifest import ModelFile, Precision, sha256_file
-from optimize.onnxio import external_files, model_bytes
+from optimize.graph.onnxio import external_files, model_bytes
 
 LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "tokenizers")
 

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from infinity.engine.tokenization import TextInput
-from optimize.agreement import Outputs
 from optimize.checkpoint import SourceModel
-from optimize.tasks import task_for
+from optimize.measure.agreement import Outputs
 
 
 def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:
-    return task_for(source.task).reference(source, inputs)
+    return source.task.reference(source, inputs)

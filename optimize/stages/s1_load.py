@@ -58,7 +58,7 @@ def load_source(model: str, task: str, pooling: str | None = None, model_id: str
     if reranker is not None and facts.reranker is None:
         raise ValueError("--reranker-template is for ranking with a causal language model (a *ForCausalLM "
                          f"checkpoint); {path.name} is a {task} {config.model_type} model")
-    return SourceModel(path, optimizer_task.name, config, tokenizer, facts, max_length, is_st,
+    return SourceModel(path, optimizer_task, config, tokenizer, facts, max_length, is_st,
                        model_id=model_id or hub_id(model, path), head=head, trust_remote_code=remote)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimize.onnxio import save_model
+from optimize.graph.onnxio import save_model
 
 LARGE_TABLE_BYTES = 64 << 20  # below this (MiniLM's 47 MB table) the saving is not worth a changed graph
 

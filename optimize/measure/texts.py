@@ -314,6 +314,6 @@ def generated(kind: Kind, size: int, seed: int) -> list[TextInput]:
     return list(singles(size, seed))
 
 
-HELDOUT_DESCRIPTION = (f"held-out validation set (optimize/texts.py, seed {SEED}): texts no search or calibration "
-                       "step saw; each input alone and inside shuffled mixed-length batches up to the server's "
-                       "limits")
+HELDOUT_DESCRIPTION = (f"held-out validation set (optimize/measure/texts.py, seed {SEED}): texts no search or "
+                       "calibration step saw; each input alone and inside shuffled mixed-length batches up to the "
+                       "server's limits")

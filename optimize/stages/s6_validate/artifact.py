@@ -5,11 +5,10 @@ from pathlib import Path
 
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
-from optimize.source import load_source
-from optimize.tasks import task_for
+from optimize.stages.s1_load import load_source
+from optimize.stages.s4_reference import torch_reference
+from optimize.stages.s6_validate.served import CPU, ServedParity, provider, served_parity, target_providers
 from optimize.tasks.ranking import RERANKER_FIELDS
-from optimize.validate.reference import torch_reference
-from optimize.validate.served import CPU, ServedParity, provider, served_parity, target_providers
 
 
 def _load(artifact: Path, threads: int) -> LoadedModel:
@@ -32,5 +31,6 @@ def validate_artifact(artifact: Path | str, model: str | None = None, threads: i
     source = load_source(model or served.manifest.source.model, task, served.manifest.task.pooling,
                          trust_remote_code=served.manifest.source.trust_remote_code,
                          reranker={name: getattr(reranker, name) for name in RERANKER_FIELDS} if reranker else None)
-    inputs = task_for(task).heldout()
-    return served_parity(served, inputs, torch_reference(source, inputs), served.manifest.parity.thresholds)
+    inputs = source.task.heldout()
+    return served_parity(source.task, served, inputs, torch_reference(source, inputs),
+                         served.manifest.parity.thresholds)
