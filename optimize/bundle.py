@@ -9,8 +9,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from infinity.artifact import sha256_file, write_atomically
 from infinity.bundle import Bundle, BundleTarget
-from infinity.manifest import Manifest, sha256_file, write_atomically
+from infinity.manifest import Manifest
 from optimize.pipeline import Log, OptimizeOptions, ParityFailed, optimize
 from optimize.stages.s7_package import now
 

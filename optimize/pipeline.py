@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infinity.artifact import sha256_file, write_atomically
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import artifact_tokenizer
 from infinity.engine.tokenization import TextInput, TextTokenizer
@@ -25,8 +26,6 @@ from infinity.manifest import (
     Target,
     TaskFacts,
     TokenizerFile,
-    sha256_file,
-    write_atomically,
 )
 from optimize.checkpoint import SourceModel
 from optimize.graph.onnxio import copy_model, model_bytes, save_model, weights_beside

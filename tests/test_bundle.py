@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from infinity.artifact import verify_checksums
 from infinity.bundle import BUNDLE_FILE, Bundle, BundleError, BundleTarget, choose_target, select
 from infinity.cli import artifact_dir, build_parser, main
 from infinity.engine.hostinfo import cpu_flags
 from infinity.engine.preflight import check, choose
-from infinity.manifest import Manifest, verify_checksums
+from infinity.manifest import Manifest
 from infinity.settings import Settings
 from optimize.cli import build_parser as optimizer_parser
 from optimize.presets import CPU_BUNDLE, CPU_ORDER, CPU_PREFERENCE, PRESETS, resolve_target, target_list

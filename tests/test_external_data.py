@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from bench.inprocess import predict
+from infinity.artifact import sha256_file, verify_checksums
 from infinity.cli import main
 from infinity.engine.hostinfo import cpu_flags
-from infinity.manifest import Manifest, sha256_file, verify_checksums
+from infinity.manifest import Manifest
 from optimize.presets import VNNI_FLAGS
 from tests.conftest import HOST_TARGET
 from tests.servers import running

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from infinity.artifact import sha256_file, verify_checksums, write_atomically
 from infinity.manifest import (
     SCHEMA_VERSION,
     Activations,
@@ -20,9 +21,6 @@ from infinity.manifest import (
     TaskName,
     TokenizerFile,
     WeightType,
-    sha256_file,
-    verify_checksums,
-    write_atomically,
 )
 
 

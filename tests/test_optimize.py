@@ -9,9 +9,10 @@ import onnx
 import pytest
 
 from bench.inprocess import predict
+from infinity.artifact import sha256_file, verify_checksums
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import LoadedModel
-from infinity.manifest import Manifest, sha256_file, verify_checksums
+from infinity.manifest import Manifest
 from optimize.presets import PRESETS
 from tests.conftest import HOST_TARGET
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from infinity.artifact import verify_checksums
 from infinity.bundle import Selection
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
-from infinity.manifest import Manifest, verify_checksums
+from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
 from infinity.tasks import Request, Task, make_task
 

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import onnxruntime
 
+from infinity.artifact import verify_present
 from infinity.bundle import BUNDLE_FILE, BundleError, Selection, select
 from infinity.engine.hostinfo import cpu_flags, missing_cpu_flags
 from infinity.engine.model import LoadedModel
 from infinity.engine.session import EngineError
 from infinity.engine.tokenization import Encoded, pad_batch
 from infinity.errors import StartupError
-from infinity.manifest import Manifest, ManifestError, verify_present
+from infinity.manifest import Manifest, ManifestError
 from infinity.settings import Settings
 from infinity.startup import Startup
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from infinity.artifact import artifact_file
 from infinity.engine.tokenization import Batch
-from infinity.manifest import Manifest, artifact_file
+from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
 
 QUIET = ort.RunOptions()

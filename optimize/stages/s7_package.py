@@ -1,5 +1,5 @@
 """What the manifest records of the build: the libraries' versions, the graph file's description, the time. The
-manifest is assembled in pipeline.Build and published with one rename by infinity.manifest.write_atomically."""
+manifest is assembled in pipeline.Build and published with one rename by infinity.artifact.write_atomically."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,7 +9,8 @@ from typing import Any
 
 import onnx
 
-from infinity.manifest import ModelFile, Precision, sha256_file
+from infinity.artifact import sha256_file
+from infinity.manifest import ModelFile, Precision
 from optimize.graph.onnxio import external_files, model_bytes
 
 LIBRARIES = ("torch", "transformers", "sentence-transformers", "onnx", "onnxruntime", "tokenizers")
