@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
 from infinity.api.endpoint import Endpoint, not_served
 from infinity.engine.model import LoadedModel
 from infinity.errors import StartupError
+from infinity.manifest import TaskName
 from infinity.settings import Settings
 from infinity.tasks import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
@@ -17,6 +21,48 @@ from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a task's own routes are built with."""
+    limit: int
+    vocabulary: int
+    name: str
+    settings: Settings
+
+
+def dense(task: FeatureExtraction, at: Served) -> list[Endpoint]:
+    tokens = [tei.embed_all(task, at.limit)] if task.answers_tokens else []
+    return [*openai.embeddings(task, at.limit, at.vocabulary, at.name, at.settings.openai_token_ids),
+            tei.embed(task, at.limit), *tokens, *cohere.embed_endpoints(task, at.limit)]
+
+
+def hybrid(task: HybridEmbedding, at: Served) -> list[Endpoint]:
+    return [*dense(task, at), tei.embed_sparse(task, at.limit)]
+
+
+def sparse(task: SparseEmbedding, at: Served) -> list[Endpoint]:
+    return [tei.embed_sparse(task, at.limit)]
+
+
+def multi_vector(task: MultiVectorEmbedding, at: Served) -> list[Endpoint]:
+    return [tei.embed_all(task, at.limit)]
+
+
+def ranking(task: Ranking, at: Served) -> list[Endpoint]:
+    return [tei.rerank(task, at.limit), *cohere.endpoints(task, at.limit)]
+
+
+def classification(task: Task, at: Served) -> list[Endpoint]:
+    return []
+
+
+# Each task's routes beyond /predict's family and those every task has, by the task's name.
+TASK_ROUTES: dict[TaskName, Callable[[Any, Served], list[Endpoint]]] = {
+    TaskName.FEATURE_EXTRACTION: dense, TaskName.HYBRID_EMBEDDING: hybrid, TaskName.SPARSE_EMBEDDING: sparse,
+    TaskName.MULTI_VECTOR: multi_vector, TaskName.RANKING: ranking,
+    TaskName.SEQUENCE_CLASSIFICATION: classification, TaskName.TOKEN_CLASSIFICATION: classification}
+
+
 def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     """The routes this artifact serves, in the order the OpenAPI document lists them."""
     task, limit, tokenizer = model.task, settings.max_inputs_per_request, model.tokenizer
@@ -24,17 +70,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     if isinstance(task, PromptedTask) and settings.default_prompt_name is not None:
         task.use_default_prompt(settings.default_prompt_name)
     served = hf.endpoints(task, limit)
-    if isinstance(task, FeatureExtraction):
-        served += openai.embeddings(task, limit, tokenizer.vocab_size, name, settings.openai_token_ids)
-        served.append(tei.embed(task, limit))
-        served += [tei.embed_all(task, limit)] if task.answers_tokens else []
-        served += cohere.embed_endpoints(task, limit)
-    if isinstance(task, (SparseEmbedding, HybridEmbedding)):
-        served.append(tei.embed_sparse(task, limit))
-    if isinstance(task, MultiVectorEmbedding):
-        served.append(tei.embed_all(task, limit))
-    if isinstance(task, Ranking):
-        served += [tei.rerank(task, limit)] + cohere.endpoints(task, limit)
+    served += TASK_ROUTES[TaskName(task.name)](task, Served(limit, tokenizer.vocab_size, name, settings))
     served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
                tei.decode(tokenizer, limit)]
     served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)

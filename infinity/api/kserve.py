@@ -23,6 +23,7 @@ from infinity.api.ops import version
 from infinity.engine.service import Result
 from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
+from infinity.manifest import TaskName
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
 from infinity.tasks import Request, Task
 from infinity.tasks.base import activate
@@ -51,33 +52,45 @@ class Tensors:
     answer: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
 
 
+def dense(task: FeatureExtraction) -> Tensors:
+    return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1], lambda named: list(named["text"]),
+                   lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
+                                                   params.get("dimensions")))
+
+
+def classification(task: SequenceClassification) -> Tensors:
+    def pairs(named: dict[str, list[str]]) -> list[TextInput]:
+        if "text_pair" not in named:
+            return list(named["text"])
+        return list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair")))
+
+    def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+        # the function /predict would apply with these parameters
+        return activate(rows, SequenceClassificationOperation(task).function(params))
+
+    return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
+                   pairs, scores)
+
+
+def ranking(task: Ranking) -> Tensors:
+    def ranked(named: dict[str, list[str]]) -> list[TextInput]:
+        query = named["query"]
+        queries = query * len(named["text"]) if len(query) == 1 else _same_length(query, named["text"], "query")
+        return list(zip(queries, named["text"]))
+
+    return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
+                   lambda rows, params: task.scores(rows, params.get("raw_scores", False)))
+
+
+# The tasks /infer serves, by name: a hybrid model answers its dense vectors; the others have no tensor form here.
+TENSORS: dict[TaskName, Callable[[Any], Tensors]] = {
+    TaskName.FEATURE_EXTRACTION: dense, TaskName.HYBRID_EMBEDDING: dense,
+    TaskName.SEQUENCE_CLASSIFICATION: classification, TaskName.RANKING: ranking}
+
+
 def tensors(task: Task) -> Tensors | None:
-    if isinstance(task, FeatureExtraction):
-        return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1],
-                       lambda named: list(named["text"]),
-                       lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
-                                                       params.get("dimensions")))
-    if isinstance(task, SequenceClassification):
-        def pairs(named: dict[str, list[str]]) -> list[TextInput]:
-            if "text_pair" not in named:
-                return list(named["text"])
-            return list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair")))
-
-        def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
-            # the function /predict would apply with these parameters
-            return activate(rows, SequenceClassificationOperation(task).function(params))
-
-        return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
-                       pairs, scores)
-    if isinstance(task, Ranking):
-        def ranked(named: dict[str, list[str]]) -> list[TextInput]:
-            query = named["query"]
-            queries = query * len(named["text"]) if len(query) == 1 else _same_length(query, named["text"], "query")
-            return list(zip(queries, named["text"]))
-
-        return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
-                       lambda rows, params: task.scores(rows, params.get("raw_scores", False)))
-    return None
+    build = TENSORS.get(TaskName(task.name))
+    return None if build is None else build(task)
 
 
 def _same_length(values: list[str], texts: list[str], name: str) -> list[str]:
