@@ -1,6 +1,6 @@
 """Hostile, broken and overloaded clients against a real `infinity serve`, with normal traffic measured meanwhile.
 
-    python -m bench.abuse <artifact dir> [--seconds 12] [--soak 10000] [--out bench/results/abuse.md]
+    python -m bench abuse <artifact dir> [--seconds 12] [--soak 10000] [--out docs/results/abuse.md]
 
 127.0.0.1 only, every scenario bounded in connections, bytes and seconds. Each scenario runs its attack
 while one client sends short /predict requests one at a time; the table says what was tried, what the
@@ -18,8 +18,8 @@ import multiprocessing.connection
 import os
 import resource
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,9 +28,9 @@ from pathlib import Path
 import orjson
 
 from bench.loadgen import Connection
+from bench.process import HOST, Server, memory_mib
 from bench.stats import percentile
 
-HOST = "127.0.0.1"
 SHORT = orjson.dumps({"inputs": "a short sentence to embed"})
 LONG = orjson.dumps({"inputs": "a longer text that takes the model a while to embed " * 40})
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,15 +295,8 @@ def loop_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def soak(port: int, pid: int, requests: int, concurrency: int = 4) -> tuple[str, Normal]:
-    result, samples, left = Normal(), [rss_mib(pid)], requests
+    result, samples, left = Normal(), [memory_mib(pid)["VmRSS"]], requests
 
     async def client() -> None:
         nonlocal left
@@ -321,11 +314,11 @@ async def soak(port: int, pid: int, requests: int, concurrency: int = 4) -> tupl
     async def sample() -> None:
         while left > 0:
             await asyncio.sleep(1.0)
-            samples.append(rss_mib(pid))
+            samples.append(memory_mib(pid)["VmRSS"])
 
     started = time.monotonic()
     await asyncio.gather(sample(), *(client() for _ in range(concurrency)))
-    samples.append(rss_mib(pid))
+    samples.append(memory_mib(pid)["VmRSS"])
     third = max(1, len(samples) // 3)
     return (f"{requests} requests in {time.monotonic() - started:.0f} s; RSS {samples[0]:.0f} -> "
             f"{samples[-1]:.0f} MiB (max {max(samples):.0f}; median of last third "
@@ -349,24 +342,15 @@ async def during(port: int, seconds: float, attack: Callable[[], Awaitable[str]]
     return str(results[0]), normal
 
 
-def start_server(artifact: Path, log: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+def start_server(artifact: Path, log: Path, threads: int) -> Server:
     env = {**os.environ, "INFINITY_THREADS": str(threads), "INFINITY_LOG_LEVEL": "info"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(artifact), "--host", HOST,
-                                    "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
-        try:
-            status, _, _ = asyncio.run(_get(port, "/health/ready"))
-            if status == 200:
-                return process
-        except OSError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise RuntimeError("the server never became ready")
+    server = Server.infinity(artifact, "--host", HOST, log=log, cwd=ROOT, env=env)
+    try:
+        server.wait_ready()
+    except RuntimeError:
+        server.kill()
+        raise
+    return server
 
 
 async def _get(port: int, path: str) -> tuple[int, bytes, float]:
@@ -397,21 +381,13 @@ def log_news(log: Path, offset: int) -> tuple[str, int]:
     return f"log: {errors} ERROR lines, {tracebacks} tracebacks", offset + len(text.encode())
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 SCENARIOS = ("header-flood", "slowloris", "idle-flood", "stalled-bodies", "stalled-lockout", "disconnect-storm",
              "concurrency",
              "retry-storm", "soak")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.abuse", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench abuse", description=__doc__.splitlines()[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--seconds", type=float, default=12.0, help="length of each scenario")
     parser.add_argument("--soak", type=int, default=10_000, help="requests in the soak")
@@ -429,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
 
-    port = free_port()
-    log = Path(f"/tmp/bench-abuse-{port}.log")
-    process = start_server(args.artifact, log, port, args.threads)
+    log = Path(tempfile.mkdtemp(prefix="bench-abuse-")) / "server.log"
+    server = start_server(args.artifact, log, args.threads)
+    port, process = server.port, server.process
     rows: list[tuple[str, str, str, str, str]] = []
     offset = 0
     seconds = args.seconds
@@ -502,11 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             did, normal = asyncio.run(soak(port, process.pid, args.soak))
             record("soak", f"{args.soak} short requests, concurrency 4", did, normal)
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        server.stop(60)
     table = ["| scenario | tried | what the server did | normal p50 ms | normal p99 ms | normal errors |",
              "|---|---|---|---|---|---|"]
     table += ["| " + " | ".join(row) + " |" for row in rows]
@@ -514,7 +486,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text("\n".join(table) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

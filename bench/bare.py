@@ -1,6 +1,6 @@
 """The least a server can do for one short /predict: the host's floor under the concurrency-1 overhead.
 
-    python -m bench.bare <artifact> --port N [--threads 2]
+    python -m bench bare <artifact> --port N [--threads 2]
 
 One uvloop protocol frames sized POSTs on keep-alive connections, one worker thread runs the in-process
 pipeline (JSON in, `bench.inprocess.predict`, JSON out), and the answer goes back with a minimal head. There is
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -93,7 +92,3 @@ def main() -> int:
     predict(model, "warm up")
     uvloop.run(serve(model, args.port, args.on_loop))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

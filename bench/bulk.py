@@ -1,7 +1,7 @@
 """A bulk indexing job: a corpus of real passages sent as OpenAI embedding requests of many texts each, from a few
 clients at once, to this server and (optionally) a peer server, one at a time, in the same run.
 
-    python -m bench.bulk ARTIFACT [--model MODEL_DIR] [--batch 64] [--clients 2] [--rounds 3] [--corpus FILE]
+    python -m bench bulk ARTIFACT [--model MODEL_DIR] [--batch 64] [--clients 2] [--rounds 3] [--corpus FILE]
                          [--peer "COMMAND with {port}" --peer-path /embeddings --peer-dir DIR]
 
 Each round starts every server afresh, in a shuffled order, and times the whole corpus: from the first request to
@@ -17,7 +17,6 @@ import asyncio
 import random
 import shlex
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,10 +105,9 @@ def alone_identical(port: int, texts: list[str], batched: np.ndarray, indices: l
 
 
 def ours(artifact: Path, job: Job, threads: int | None, sample: list[int]) -> Run:
-    port = free_port()
-    command = [sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port),
-               "--max-inputs-per-request", str(max(job.batch, 512))]
-    server = Server(command + (["--threads", str(threads)] if threads else []), port)
+    server = Server.infinity(artifact, "--max-inputs-per-request", str(max(job.batch, 512)),
+                             *(["--threads", str(threads)] if threads else []))
+    port = server.port
     try:
         server.wait_ready()
         padded, real = metric(port, "infinity_padded_tokens_total"), metric(port, "infinity_real_tokens_total")
@@ -162,7 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--model", type=Path, default=None, help="the original sentence-transformers directory")
-    parser.add_argument("--corpus", type=Path, default=None, help="python -m bench.corpus's file (default: built)")
+    parser.add_argument("--corpus", type=Path, default=None, help="python -m bench corpus's file (default: built)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -200,7 +198,3 @@ def main() -> None:
         ratios = [p.seconds / o.seconds for o, p in zip(runs["ours"], runs["peer"])]
         print(f"ours / peer tokens/s per round: {', '.join(f'{r:.2f}' for r in ratios)} "
               f"(median {statistics.median(ratios):.2f})")
-
-
-if __name__ == "__main__":
-    main()

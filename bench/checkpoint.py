@@ -1,6 +1,6 @@
 """A trained checkpoint's INT8 graphs side by side: in-process speed in one run, and parity as served.
 
-    python -m bench.checkpoint --model DIR --served FP32_ARTIFACT NAME=MODEL.ONNX [NAME=MODEL.ONNX ...]
+    python -m bench checkpoint --model DIR --served FP32_ARTIFACT NAME=MODEL.ONNX [NAME=MODEL.ONNX ...]
 
 FP32_ARTIFACT is the model's fp32 artifact (`multiverse optimize DIR --precision fp32`): its tokenizer and task facts
 serve every graph. Each graph is timed in this one process, the graphs taking turns call by call (2 threads,
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served", type=Path, required=True, help="the model's fp32 artifact")
     parser.add_argument("--calls", type=float, default=1.0, help="scale the number of calls per cell")
     parser.add_argument("--no-parity", action="store_true")
-    parser.add_argument("--out", default="checkpoint.md", help="file name under bench/results")
+    parser.add_argument("--out", default="checkpoint.md", help="file name under docs/results")
     parser.add_argument("graphs", nargs="+", metavar="NAME=MODEL.ONNX")
     args = parser.parse_args(argv)
     graphs = {name: Path(path) for name, path in (item.split("=", 1) for item in args.graphs)}
@@ -71,7 +71,3 @@ def main(argv: list[str] | None = None) -> None:
             row += f" {p['alone']:.4f} / {p['batched']:.4f} | {p['moves']:.3g} |"
         lines.append(row)
     publish(args.out, lines)
-
-
-if __name__ == "__main__":
-    main()

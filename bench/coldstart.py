@@ -1,7 +1,7 @@
 """Cold starts: from exec of `infinity serve` to its first `/predict` answer, the median of several starts, with the
 server's own account of where the time went (its `ready in` log line) and its peak memory.
 
-    python -m bench.coldstart minilm=<artifact> mpnet=<artifact> [--runs 5] [--cache warm|artifact|all]
+    python -m bench coldstart minilm=<artifact> mpnet=<artifact> [--runs 5] [--cache warm|artifact|all]
                               [--source before=<checkout> --source after=.]
 
 --cache says what is in the page cache at each exec: `warm` everything (a restart on the same machine), `artifact`
@@ -19,14 +19,15 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.process import free_port
+from bench.process import Server
 from infinity.engine.hostinfo import cpu_name
 
 READY_LINE = re.compile(r"ready in (?P<total>[\d.]+) s[^:]*: (?P<phases>.*)")
@@ -65,13 +66,6 @@ def answered(port: int) -> bool:
         connection.close()
 
 
-def peak_rss_mib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return 0
-
-
 def phases(log: str) -> dict[str, float]:
     """The server's `ready in` line, where its version writes one: total and each phase, in seconds."""
     found = READY_LINE.search(log)
@@ -83,24 +77,22 @@ def phases(log: str) -> dict[str, float]:
 
 def start_once(artifact: Path, source: Path, cache: str, timeout: float = 300) -> Start:
     evict(artifact, cache)
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(source.resolve())}
+    log = Path(tempfile.mkdtemp(prefix="bench-coldstart-")) / "server.log"
     began = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(artifact), "--host", "127.0.0.1",
-                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               cwd=source)
+    server = Server.infinity(artifact, "--host", "127.0.0.1", log=log, cwd=source, env=env)
     try:
-        while not answered(port):
-            if process.poll() is not None or time.perf_counter() - began > timeout:
-                raise RuntimeError(f"the server of {artifact} exited or never answered: "
-                                   f"{process.communicate()[1].decode()[-2000:]}")
+        while not answered(server.port):
+            if server.process.poll() is not None or time.perf_counter() - began > timeout:
+                raise RuntimeError(f"the server of {artifact} exited or never answered: {server.logged()[-2000:]}")
             time.sleep(POLL_S)
         first = time.perf_counter() - began
-        peak = peak_rss_mib(process.pid)
+        peak = int(server.memory()["VmHWM"])
     finally:
-        process.terminate()
-    log = process.communicate(timeout=60)[1].decode()
-    return Start(first, peak, phases(log))
+        server.stop(60)
+    text = server.logged()
+    shutil.rmtree(log.parent, ignore_errors=True)
+    return Start(first, peak, phases(text))
 
 
 def report(results: dict[tuple[str, str], list[Start]], cache: str, runs: int) -> str:
@@ -123,7 +115,7 @@ def named(text: str) -> tuple[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.coldstart", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench coldstart", description=__doc__.split("\n\n")[0])
     parser.add_argument("artifacts", nargs="+", type=named, metavar="NAME=ARTIFACT")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cache", choices=["warm", "artifact", "all"], default="warm")
@@ -144,7 +136,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1}: {source_name} {artifact_name} {start.first_answer_s:.3f} s", file=sys.stderr)
     print(report(results, args.cache, args.runs))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,14 @@
 """Throughput by cores: each server pinned to 1, 2, 4, 8 cores, as one engine with every thread or as several
 engines (replicas, each its own process on its own cores), beside the vanilla server pinned the same way.
 
-    python -m bench.cores minilm=ARTIFACT ... [--vanilla minilm=MODEL_DIR ...] [--cores 1 2 4 8]
+    python -m bench cores minilm=ARTIFACT ... [--vanilla minilm=MODEL_DIR ...] [--cores 1 2 4 8]
                           [--layouts 1x8 8x1 ...] [--seq 8 64 256] [--concurrency 1 8] [--corpus corpus.json]
                           [--seconds 1.5] [--json results.json]
 
 One physical core each: the servers run on the first CPU of as many cores as the cell has, the load generator
 (uvloop clients in up to four processes) on CPUs of other cores. A cell is one text of exactly `seq` tokens per
 request, `concurrency` keep-alive connections spread over a layout's engines, each sending its next request as
-its answer arrives, for `seconds`; the bulk cell sends the corpus (`python -m bench.corpus`) in batches of
+its answer arrives, for `seconds`; the bulk cell sends the corpus (`python -m bench corpus`) in batches of
 `--bulk-batch` texts from `--bulk-clients` connections. A connection's rate is its requests (or real tokens) over
 the time it waited for answers; a cell's is the sum over its connections, so a slow cell needs only a request or
 two per connection. `--vanilla-device cuda --vanilla-dtype float16` runs the vanilla server on a GPU.
@@ -222,15 +222,13 @@ def start_ours(artifact: Path, layout: Layout, cpus: list[int], serve_args: Sequ
     servers = []
     for engine in range(layout.engines):
         own = set(cpus[engine * layout.threads:(engine + 1) * layout.threads])
-        port = free_port()
-        servers.append(Server([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port),
-                               "--threads", str(layout.threads), *serve_args], port, own))
+        servers.append(Server.infinity(artifact, "--threads", str(layout.threads), *serve_args, cpus=own))
     return servers
 
 
 def start_vanilla(model_dir: Path, cores: int, cpus: list[int], device: str, dtype: str) -> Server:
     port = free_port()
-    return Server([sys.executable, "-m", "bench.vanilla_server", str(model_dir), "--port", str(port), "--threads",
+    return Server([sys.executable, "-m", "bench", "vanilla-server", str(model_dir), "--port", str(port), "--threads",
                    str(cores), "--task", "feature-extraction", "--device", device, "--dtype", dtype],
                   port, set(cpus[:cores]))
 
@@ -339,7 +337,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--seconds", type=float, default=1.5)
-    parser.add_argument("--corpus", type=Path, default=None, help="bulk cell's texts (python -m bench.corpus)")
+    parser.add_argument("--corpus", type=Path, default=None, help="bulk cell's texts (python -m bench corpus)")
     parser.add_argument("--bulk-batch", type=int, default=32)
     parser.add_argument("--bulk-clients", type=int, default=2)
     parser.add_argument("--bulk-seconds", type=float, default=3.0)
@@ -372,7 +370,3 @@ def main() -> None:
                 if args.json:  # after every group: a run cut short keeps what it measured
                     args.json.write_bytes(orjson.dumps([asdict(c) for c in cells], option=orjson.OPT_INDENT_2))
         print("\n" + table(cells, model) + "\n", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """A corpus of real prose with its natural spread of lengths: the docstrings of Python's standard library.
 
-    python -m bench.corpus --out corpus.json [--count 600]
+    python -m bench corpus --out corpus.json [--count 600]
 
 A docstring of 30 words or more is a passage as an indexing job sends it: a paragraph to several pages. Every
 host has the same texts for the same Python version; write the corpus once and carry the file to compare hosts
@@ -77,7 +77,3 @@ def main() -> None:
     args.out.write_bytes(orjson.dumps(texts))
     words = sorted(len(text.split()) for text in texts)
     print(f"{len(texts)} texts, {words[0]}-{words[-1]} words (median {words[len(words) // 2]}) -> {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """How near an INT8 artifact runs to this host's integer GEMM ceiling, by shape, in one run.
 
-    python -m bench.efficiency ARTIFACT [--cells 16x64 1x256] [--threads 2] [--seconds 1] [--rounds 5]
+    python -m bench efficiency ARTIFACT [--cells 16x64 1x256] [--threads 2] [--seconds 1] [--rounds 5]
 
 ceiling: onnxruntime's own integer GEMM alone, u8 activations x s8 weights as the artifact's GEMMs take them, at the
 model's FFN shape (batch x sequence rows, hidden x intermediate weights), in integer operations per second (two per
@@ -150,7 +150,3 @@ def main() -> None:
     for row in measure(args.artifact, args.cells, args.threads, args.seconds, args.rounds):
         print(f"| b{row['batch']:.0f} s{row['sequence']:.0f} | {row['tokens_per_s']:,.0f} | {row['model_tops']:.3f} "
               f"| {row['ceiling_tops']:.3f} | {row['efficiency']:.2f} |")
-
-
-if __name__ == "__main__":
-    main()

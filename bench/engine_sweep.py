@@ -1,6 +1,6 @@
 """In-process sweep (no HTTP): cores x sequence length x batch size, exact token counts.
 
-    python -m bench.engine_sweep <artifact> --cores 1 2 --seq 8 128 --batch 1 8
+    python -m bench engine-sweep <artifact> --cores 1 2 --seq 8 128 --batch 1 8
 
 Each call is the whole in-process pipeline: validate, tokenize, pad, run, post-process.
 """
@@ -65,7 +65,3 @@ def main() -> None:
     rows = sweep(args.artifact, args.cores, args.seq, args.batch, args.seconds, spin_wait=args.spin_wait)
     if args.json:
         args.json.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
-
-
-if __name__ == "__main__":
-    main()

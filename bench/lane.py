@@ -1,6 +1,6 @@
 """Two servers on the same artifact and cores, in the same run.
 
-    python -m bench.lane <artifact dir> [--compare paths|options|same] [--concurrency 1 16 64] [--rounds 8]
+    python -m bench lane <artifact dir> [--compare paths|options|same] [--concurrency 1 16 64] [--rounds 8]
                          [--seconds 2] [--threads 2] [--serve-args "--no-spin-wait ..."]
                          [--server-cpus 0-3 --client-cpus 8]
 
@@ -194,7 +194,3 @@ def main() -> int:
             print(f"c{c}: {name}/{baseline} req/s per round {', '.join(f'{r:.2f}' for r in ratios)}; "
                   f"median {statistics.median(ratios):.2f}; p99 {name}/{baseline} median {statistics.median(p99):.2f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ each fill `--tokens` tokens, and after `--requests` of them (a steady state that
 `--chunk-tokens N` (a dense embedding artifact), after one more request of `--batch` texts of N tokens each, embedded
 whole in windows.
 
-    python -m bench.memory <artifact> [--batch 32] [--tokens 256] [--requests 4] [--chunk-tokens 8000]
+    python -m bench memory <artifact> [--batch 32] [--tokens 256] [--requests 4] [--chunk-tokens 8000]
 
 For a sparse-embedding artifact it prints beside them the size of one batch's masked-LM logits (batch x tokens x
 vocabulary floats), the most its graph may hold at once."""
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from bench.process import Server, free_port
+from bench.process import Server
 from infinity.engine.hostinfo import cpu_name
 from infinity.manifest import Manifest
 
@@ -24,14 +23,9 @@ MIB = 2 ** 20
 FILLER = "antidisestablishmentarianism supercalifragilistic lantern harbor "  # many tokens per word
 
 
-def memory_mib(pid: int) -> dict[str, int]:
-    """VmRSS (now) and VmHWM (the peak since the process started), in MiB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) // 1024
-    return fields
+def shown(server: Server) -> str:
+    memory = server.memory()
+    return f"VmRSS {memory['VmRSS']:.0f} MiB, peak (VmHWM) {memory['VmHWM']:.0f} MiB"
 
 
 def post(port: int, path: str, body: object, timeout: float = 600) -> object:
@@ -42,7 +36,7 @@ def post(port: int, path: str, body: object, timeout: float = 600) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
@@ -51,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     manifest = Manifest.load(args.artifact)
     tokens = min(args.tokens, manifest.tokenizer.max_length)
-    port = free_port()
-    server = Server([sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port),
-                     "--max-batch-size", str(args.batch), "--max-batch-tokens", str(args.batch * tokens),
-                     "--max-chunks-per-input", str(args.chunk_tokens // 100 + 1),
-                     "--max-payload-bytes", str(max(1_000_000, 40 * args.batch * args.chunk_tokens))], port)
+    server = Server.infinity(args.artifact, "--max-batch-size", str(args.batch),
+                             "--max-batch-tokens", str(args.batch * tokens),
+                             "--max-chunks-per-input", str(args.chunk_tokens // 100 + 1),
+                             "--max-payload-bytes", str(max(1_000_000, 40 * args.batch * args.chunk_tokens)))
+    port = server.port
     try:
         server.wait_ready()
         # each text runs past `tokens`, so the batcher pads (and the tokenizer cuts) every row to the same length
@@ -64,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         assert isinstance(counted, list) and len(counted[0]) > tokens
         print(f"{cpu_name()}; {args.artifact.name}: {manifest.source.task}, {manifest.model.precision}; "
               f"{args.batch} texts x {tokens} tokens per request")
-        print(f"idle:                 {memory_mib(server.process.pid)}")
+        print(f"idle:                 {shown(server)}")
         for done in range(1, args.requests + 1):
             start = time.perf_counter()
             post(port, "/predict", {"inputs": texts})
             seconds = time.perf_counter() - start
             if done in (1, args.requests):
-                print(f"after {done} request(s): {memory_mib(server.process.pid)} ({seconds:.2f} s for the last)")
+                print(f"after {done} request(s): {shown(server)} ({seconds:.2f} s for the last)")
         if args.chunk_tokens:
             per_filler = len(counted[0]) / (tokens // 4 + 1)  # type: ignore[index]
             documents = [f"{i} " + FILLER * int(args.chunk_tokens / per_filler) for i in range(args.batch)]
@@ -78,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             post(port, "/predict", {"inputs": documents, "parameters": {"chunking": True}})
             print(f"after {args.batch} texts of {len(length[0])} tokens, chunked: "  # type: ignore[index]
-                  f"{memory_mib(server.process.pid)} ({time.perf_counter() - start:.2f} s)")
+                  f"{shown(server)} ({time.perf_counter() - start:.2f} s)")
         if manifest.source.task == "sparse-embedding" and manifest.task.embedding_dim:
             logits = args.batch * tokens * manifest.task.embedding_dim * 4
             print(f"one batch's logits:   {logits // MIB} MiB ({args.batch} x {tokens} x "
@@ -86,7 +80,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """A DistilBERT-base shaped sequence classifier with random weights (speed does not depend on values).
 
-    python -m bench.model --out bench/work/distilbert-base
+    python -m bench model --out bench/work/distilbert-base
 
 vocab 30522, dim 768, 6 layers, 12 heads, 2 labels, seed 0; the bundled MiniLM's uncased WordPiece
 tokenizer has the same vocabulary.
@@ -27,7 +27,9 @@ def build_distilbert_base(out: Path, seed: int = 0) -> Path:
     return out
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench model", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/work/distilbert-base"))
     print(build_distilbert_base(parser.parse_args().out))

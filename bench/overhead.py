@@ -1,6 +1,6 @@
 """In-process pipeline vs the same artifact over HTTP, at exact token counts, batch 1, concurrency 1.
 
-    python -m bench.overhead <artifact dir> [--seq 8 128] [--requests 200]
+    python -m bench overhead <artifact dir> [--seq 8 128] [--requests 200]
 
 Both are measured in the same run, in alternating blocks per sequence length; the report is medians and ratios.
 """
@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from bench.inprocess import predict
 from bench.loadgen import closed_loop
-from bench.process import free_port
+from bench.process import Server
 from bench.texts import text_with_tokens
 from infinity.engine.model import LoadedModel
 
@@ -64,39 +59,20 @@ def main() -> int:
                         help="let ONNX Runtime workers busy-wait briefly, both sides (the server's default)")
     args = parser.parse_args()
 
-    port = free_port()
-    env = {**os.environ, "INFINITY_ALLOW_CPU_MISMATCH": "true"}
-    command = [sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port)]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    if not args.spin_wait:
-        command.append("--no-spin-wait")
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    flags = [*(["--threads", str(args.threads)] if args.threads else []),
+             *([] if args.spin_wait else ["--no-spin-wait"])]
+    server = Server.infinity(args.artifact, *flags)
+    port = server.port
     try:
         model = LoadedModel.load(args.artifact, threads=args.threads, spin_wait=args.spin_wait)
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(timeout=30) as client:
-            for _ in range(300):
-                try:
-                    if client.get(f"{url}/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-            else:
-                raise RuntimeError("the server did not become ready")
-            print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} "
-                  f"{'HTTP/in-process':>16}")
-            for seq in args.seq:
-                text = text_with_tokens(str(args.artifact / model.manifest.tokenizer.file), seq)
-                row = compare(port, model, text, args.requests)
-                print(f"{seq:>5} {row['in_process_p50_ms']:>18.2f} {row['http_p50_ms']:>12.2f} "
-                      f"{row['compute_p50_ms']:>14.2f} {row['ratio']:>16.2f}")
+        server.wait_ready()
+        print(f"{'seq':>5} {'in-process p50 ms':>18} {'HTTP p50 ms':>12} {'x-compute p50':>14} "
+              f"{'HTTP/in-process':>16}")
+        for seq in args.seq:
+            text = text_with_tokens(str(args.artifact / model.manifest.tokenizer.file), seq)
+            row = compare(port, model, text, args.requests)
+            print(f"{seq:>5} {row['in_process_p50_ms']:>18.2f} {row['http_p50_ms']:>12.2f} "
+                  f"{row['compute_p50_ms']:>14.2f} {row['ratio']:>16.2f}")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """The peer a bulk job is measured beside: infinity-emb serving optimum's dynamic INT8 of the same model, as its
 users deploy it on a CPU (its optimum engine prefers a quantized ONNX file, and optimizes it at start).
 
-    python -m bench.peer setup                 # bench/work/peer-venv: infinity-emb 0.0.78 with optimum (once)
-    python -m bench.peer model SRC OUT         # SRC's ONNX export and its INT8 for this CPU (avx512_vnni or avx2)
-    python -m bench.bulk ARTIFACT --model SRC --peer "$(python -m bench.peer command)" --peer-dir OUT
+    python -m bench peer setup                 # bench/work/peer-venv: infinity-emb 0.0.78 with optimum (once)
+    python -m bench peer model SRC OUT         # SRC's ONNX export and its INT8 for this CPU (avx512_vnni or avx2)
+    python -m bench bulk ARTIFACT --model SRC --peer "$(python -m bench peer command)" --peer-dir OUT
 
 infinity-emb pins numpy < 2 and sentence-transformers < 4, so it lives in a virtual environment of its own.
 """
@@ -78,7 +78,3 @@ def main() -> None:
         model(args.source, args.out)
     else:
         print(COMMAND.format(bin=python().parent))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Where a graph's time goes: onnxruntime's profiler, kernel time per operator type, per cell.
 
-    python -m bench.profile artifact=artifacts/minilm/model.onnx before=old/model.onnx [--cells 1x8 1x256]
+    python -m bench profile artifact=artifacts/minilm/model.onnx before=old/model.onnx [--cells 1x8 1x256]
 
 Each node's median over the runs, summed by operator type (robust to other processes' spikes), in ms per run, with
 the session loaded as the server loads it (2 threads, no spinning, the same disabled fusions).
@@ -67,7 +67,3 @@ def main(argv: list[str] | None = None) -> None:
             by_type, run = profile(Path(path), batch, sequence, runs)
             top = ", ".join(f"{op} {ms:.2f}" for op, ms in sorted(by_type.items(), key=lambda kv: -kv[1])[:args.top])
             print(f"- {name}: run {run:.2f}, kernels {sum(by_type.values()):.2f}: {top}")
-
-
-if __name__ == "__main__":
-    main()

@@ -2,21 +2,20 @@
 `infinity_queue_depth` gauge sampled every 50 ms, beside the clients' latency and throughput. The figures an
 autoscaler's queue-depth target is set from (deploy/kubernetes/keda-scaledobject.yaml).
 
-    python -m bench.queue <artifact> [--concurrency 1 4 16 64] [--seconds 8] [--tokens 64]"""
+    python -m bench queue <artifact> [--concurrency 1 4 16 64] [--seconds 8] [--tokens 64]"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from bench.loadgen import closed_loop
-from bench.process import Server, free_port
+from bench.process import Server
 from infinity.engine.hostinfo import cpu_name
 
 WORD = "lantern "  # one token each in MiniLM's vocabulary
@@ -52,15 +51,14 @@ def measure(port: int, concurrency: int, seconds: float, text: str) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.queue", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench queue", description=__doc__.split("\n\n")[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request's one text, about")
     args = parser.parse_args(argv)
-    port = free_port()
-    server = Server([sys.executable, "-m", "infinity", "serve", str(args.artifact), "--port", str(port),
-                     "--public-metadata"], port)
+    server = Server.infinity(args.artifact, "--public-metadata")
+    port = server.port
     try:
         server.wait_ready()
         text = WORD * max(1, args.tokens - 2)
@@ -75,7 +73,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['concurrency']} | {row['queue_depth_mean']:.1f} ({row['queue_depth_max']:.0f}) | "
               f"{row['req_s']:.0f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['errors']:.0f} |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """INT8 recipes for MiniLM side by side: in-process speed, parity as served on the held-out texts, batch invariance.
 
-    python -m bench.recipes                                  # writes bench/results/recipes.md
-    python -m bench.recipes --extra "earlier artifact=path/model.onnx"
+    python -m bench recipes                                  # writes docs/results/recipes.md
+    python -m bench recipes --extra "earlier artifact=path/model.onnx"
 
 Speed: every variant in this one process; for each cell the variants take turns call by call, so drift and other
 processes on the cores land on all of them alike; each cell is the median (and the minimum) of those calls, 2
@@ -251,7 +251,3 @@ def main(argv: list[str] | None = None) -> None:
                                                     for c in CELLS) + " |"]
     publish("recipes.md" if args.spin_wait_us == SPIN_WAIT_US else (
         "recipes-no-spin.md" if not args.spin_wait_us else f"recipes-spin{args.spin_wait_us}us.md"), lines)
-
-
-if __name__ == "__main__":
-    main()

@@ -7,7 +7,7 @@
 
 Every answer is compared, byte for byte, with the one a replica gave alone before the load.
 
-    python -m bench.replicas <artifact> [--replicas 3] [--clients 4] [--settle 2]
+    python -m bench replicas <artifact> [--replicas 3] [--clients 4] [--settle 2]
 
 HAProxy's configuration is `deploy/haproxy/haproxy.cfg`'s, with this run's ports."""
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.process import free_port
+from bench.process import Server, free_port
 from bench.stats import percentile
 from infinity.engine.hostinfo import cpu_name
 
@@ -60,9 +59,7 @@ class Replica:
     def __init__(self, artifact: Path, port: int, log: Path) -> None:
         self.port = port
         env = {**os.environ, "INFINITY_THREADS": "1", "INFINITY_SPIN_WAIT": "false"}
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", str(artifact), "--port",
-                                             str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.process = Server.infinity(artifact, port=port, cwd=ROOT, env=env, log=log).process
 
     def ready(self) -> bool:
         if self.process.poll() is not None:
@@ -266,7 +263,7 @@ def run(artifact: Path, work: Path, replicas: int = 3, clients: int = 4, settle:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench replicas", description=__doc__.split("\n\n")[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--clients", type=int, default=4)
@@ -278,7 +275,3 @@ def main(argv: list[str] | None = None) -> int:
           f"1 thread each, {args.clients} clients, behind HAProxy")
     print(json.dumps(results, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """One command: our server and the vanilla transformers server, side by side in one run, plus the
-published Infinity figures; writes JSON, CSV, a markdown report and PNG plots into bench/results/.
+published Infinity figures; writes JSON, CSV, a markdown report and PNG plots into docs/results/.
 
-    python -m bench.run --quick      # a few minutes
-    python -m bench.run              # the full grid
+    python -m bench run --quick      # a few minutes
+    python -m bench run              # the full grid
 
 Ours and vanilla are measured in alternating blocks per sequence length, so both see the same
 machine; the report gives ratios as well as absolute numbers.
@@ -37,11 +37,11 @@ SEQS = [8, 16, 32, 64, 128, 256, 384, 512]
 PUBLISHED_INFINITY_RPS = {8: 248, 16: 212, 32: 150, 64: 97, 128: 55, 256: 27, 384: 17, 512: 12}
 PUBLISHED_VANILLA_RPS = {8: 49, 16: 50, 32: 40, 64: 28, 128: 18, 256: 9, 384: 5, 512: 4}
 WORK = Path("bench/work")
-RESULTS = Path("bench/results")
+RESULTS = Path("docs/results")
 
 
 def publish(name: str, lines: list[str]) -> None:
-    """A markdown result: written to bench/results/<name> and printed."""
+    """A markdown result: written to docs/results/<name> and printed."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -284,9 +284,9 @@ def main() -> int:
     seqs = [8, 32, 128, 512] if args.quick else SEQS
     rounds, seconds, max_requests = (2, 2.0, 300) if args.quick else (4, 4.0, 1000)
 
-    ours = Server([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(port := free_port()),
-                   "--threads", str(args.cores)], port)
-    vanilla = Server([sys.executable, "-m", "bench.vanilla_server", str(model_dir), "--port", str(vport := free_port()),
+    ours = Server.infinity(artifact, "--threads", str(args.cores))
+    vport = free_port()
+    vanilla = Server([sys.executable, "-m", "bench", "vanilla-server", str(model_dir), "--port", str(vport),
                       "--threads", str(args.cores)], vport)
     try:
         ours.wait_ready()
@@ -320,7 +320,3 @@ def main() -> int:
     write_reports(data)
     print(f"wrote {RESULTS}/report.md, results.json, results.csv, throughput.png, p99.png")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

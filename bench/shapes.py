@@ -1,6 +1,6 @@
 """A checkpoint's shape with random weights: its config, tokenizer and sentence-transformers files, new weights.
 
-    python -m bench.shapes MODEL_DIR OUT [--seed 0]
+    python -m bench shapes MODEL_DIR OUT [--seed 0]
 
 For speed and size only: a full-size model whose weights cannot travel runs as fast as the trained one, but its
 answers say nothing about fidelity (random weights have no outliers). MODEL_DIR may hold no weights at all.
@@ -42,7 +42,3 @@ def main() -> None:
     args = parser.parse_args()
     random_checkpoint(args.model, args.out, args.seed)
     print(f"{args.out}: {args.model}'s shape, random weights (seed {args.seed})")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Short requests at scale: what the server delivers over HTTP against what the engine does in-process.
 
-    python -m bench.short <artifact dir> [--rounds 5] [--seq 8]
+    python -m bench short <artifact dir> [--rounds 5] [--seq 8]
 
 Per round, in this order and on one machine state: the in-process pipeline (tokenize + model +
 post-process) at batch 1 and at batch 8, then the server over HTTP at concurrency 1, the bare server
@@ -96,9 +96,8 @@ HEADER = ["| model | seq | in-process p50 ms | HTTP c1 p50 ms | c1 overhead ms (
 def servers(artifact: Path, threads: int) -> Iterator[tuple[int, int]]:
     """Our server and the bare one on the same artifact and cores, ready: their ports."""
     ours, bare = free_port(), free_port()
-    started = [Server([sys.executable, "-m", "infinity", "serve", str(artifact), "--port", str(ours),
-                       "--threads", str(threads)], ours),
-               Server([sys.executable, "-m", "bench.bare", str(artifact), "--port", str(bare),
+    started = [Server.infinity(artifact, "--threads", str(threads), port=ours),
+               Server([sys.executable, "-m", "bench", "bare", str(artifact), "--port", str(bare),
                        "--threads", str(threads)], bare)]
     try:
         for server in started:
@@ -123,7 +122,3 @@ def main() -> int:
                                 args.rounds, args.seconds, bare_port)
     print("\n".join(HEADER + table(args.artifact.name, result)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ What "wrap it in a FastAPI" gives: a sync handler run in the threadpool, one mod
 text-classification runs the transformers pipeline; feature-extraction runs sentence-transformers' encode (which
 sorts and batches one request's texts itself).
 
-    python -m bench.vanilla_server <model dir> --port 8081 --threads 2 [--task feature-extraction]
+    python -m bench vanilla-server <model dir> --port 8081 --threads 2 [--task feature-extraction]
                                    [--device cuda --dtype float16]
 """
 from __future__ import annotations
@@ -81,7 +81,3 @@ def main() -> None:
     args = parser.parse_args()
     app = create_app(args.model, args.threads, args.task, args.device, args.dtype)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()

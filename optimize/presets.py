@@ -155,7 +155,7 @@ def target_list(text: str) -> tuple[str, ...]:
         wanted.add(name)
     return tuple(name for name in CPU_ORDER if name in wanted)
 
-# What the default INT8 recipe measured (python -m bench.recipes; see bench/README.md), by target.
+# What the default INT8 recipe measured (python -m bench recipes; see bench/README.md), by target.
 _MEASURED_AVX2 = ("all-MiniLM-L6-v2 on a 2-core AMD EPYC (AVX2), in-process ms at b1 seq 8/64/256 and b8 x 64: "
                   "3.3/15.7/67.1/135.3 vs fp32 5.8/23.0/100.3/187.6 and the previous per-tensor artifact "
                   "2.9/14.9/67.7/125.5; held-out cosine_min 0.9934 alone and batched (previous: 0.9949 alone, "

@@ -56,8 +56,24 @@ def test_vanilla_baseline_serves_the_transformers_pipeline(artifacts):
 
 def test_bench_runs_as_modules():
     import subprocess
-    run = subprocess.run([sys.executable, "-m", "bench.run", "--help"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "bench", "run", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "--quick" in run.stdout
+
+
+def test_every_suite_is_reached_from_the_one_entry_and_no_module_has_its_own(capsys: pytest.CaptureFixture[str]):
+    import bench.__main__ as entry
+
+    modules = {path.stem for path in Path(entry.__file__).parent.glob("*.py")
+               if "def main(" in path.read_text(encoding="utf-8")} - {"__main__"}
+    assert set(entry.SUITES.values()) == modules
+    for path in Path(entry.__file__).parent.glob("*.py"):
+        assert path.name == "__main__.py" or 'if __name__ == "__main__"' not in path.read_text(encoding="utf-8")
+    for name in entry.SUITES:
+        with pytest.raises(SystemExit) as exited:
+            entry.main([name, "--help"])
+        assert exited.value.code == 0, name
+        assert f"python -m bench {name}" in capsys.readouterr().out, name
+    assert entry.main(["no-such-suite"]) == 2
 
 
 def test_short_request_figures_come_from_one_alternating_run(minilm_fp32_artifact: Path):

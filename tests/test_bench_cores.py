@@ -71,11 +71,10 @@ def test_the_embedding_baseline_answers_sentence_transformers_vectors():
 
 
 def test_the_load_generator_sums_its_connections_over_engines(minilm_fp32_artifact: Path):
-    from bench.process import Server, free_port
+    from bench.process import Server
 
-    port = free_port()
-    server = Server([sys.executable, "-m", "infinity", "serve", str(minilm_fp32_artifact), "--port", str(port),
-                     "--threads", "1"], port)
+    server = Server.infinity(minilm_fp32_artifact, "--threads", "1")
+    port = server.port
     try:
         server.wait_ready()
         body = orjson.dumps({"inputs": "a short text"})
@@ -92,7 +91,7 @@ def test_a_run_measures_every_cell_and_writes_it(minilm_fp32_artifact: Path, tmp
     corpus = tmp_path / "corpus.json"
     corpus.write_bytes(orjson.dumps(build(count=40)))
     out = tmp_path / "cells.json"
-    run = subprocess.run([sys.executable, "-m", "bench.cores", f"m={minilm_fp32_artifact}", "--servers", "ours",
+    run = subprocess.run([sys.executable, "-m", "bench", "cores", f"m={minilm_fp32_artifact}", "--servers", "ours",
                           "--cores", "1", "--seq", "8", "--concurrency", "1", "2", "--seconds", "0.3",
                           "--corpus", str(corpus), "--bulk-batch", "8", "--bulk-seconds", "0.3",
                           "--json", str(out)], capture_output=True, text=True, timeout=300)

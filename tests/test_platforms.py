@@ -28,7 +28,8 @@ import tritonclient.http as triton
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import ROOT, WAIT, free_port, running, until, wait_until_ready
+from bench.process import WAIT, Server, free_port
+from tests.servers import ROOT, running, until
 
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue rose four percent."]
 VERTEX_PREDICT = "/v1/endpoints/123/deployedModels/456:predict"
@@ -43,17 +44,12 @@ def platform_server(argv: list[str], env: dict[str, str], port: int, ready: str,
     environ = {key: value for key, value in os.environ.items() if not key.startswith(("INFINITY_", "AIP_", "SM_",
                                                                                       "SAGEMAKER_"))}
     environ.update({"INFINITY_THREADS": "1", **env})
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", *argv], cwd=ROOT, env=environ,
-                                   stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = Server([sys.executable, "-m", "infinity", "serve", *argv], port, cwd=ROOT, log=log, env=environ)
     try:
-        wait_until_ready(process, url + ready, log)
-        yield url
+        server.wait_ready(WAIT, ready)
+        yield server.url
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        server.kill()
 
 
 def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
