@@ -107,7 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from optimize.tasks.base import CHECKED_LOAD_REPORT
 
-    logging.getLogger("transformers.modeling_utils").addFilter(CHECKED_LOAD_REPORT)
+    # for this command only: a process that calls main() (a test, a build script) keeps transformers' own logging
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(CHECKED_LOAD_REPORT)
+    try:
+        return _command(args)
+    finally:
+        logger.removeFilter(CHECKED_LOAD_REPORT)
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "targets":
         return _targets()
     if args.command == "validate":

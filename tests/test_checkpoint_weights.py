@@ -65,6 +65,17 @@ def test_weights_in_other_shapes_than_the_config_says_are_refused_in_one_line(tm
                                   "and [1536, 384] in the model")
 
 
+def test_multiverse_leaves_transformers_logging_as_it_found_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The load report's filter is for the command's run only: a process that calls the CLI in-process (the suite's
+    artifact cache does) still hears transformers' report afterwards (the test below, in the same process)."""
+    from optimize.cli import main
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    before = list(logger.filters)
+    assert main(["targets"]) == 0
+    assert logger.filters == before
+
+
 def test_a_pooler_no_embedding_graph_reads_may_be_missing_and_its_report_stays_quiet(tmp_path: Path) -> None:
     from transformers import AutoModel
 
