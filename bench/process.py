@@ -63,19 +63,17 @@ class Server:
             if preexec_fn is not None:
                 preexec_fn()
 
-        out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (the child holds it)
-        try:
+        with open(log if log is not None else os.devnull, "wb") as out:  # the child keeps its own copy
             self.process = subprocess.Popen(command, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                             preexec_fn=setup if cpus is not None or preexec_fn else None)
-        finally:
-            if log is not None:
-                out.close()  # type: ignore[union-attr]
 
     @classmethod
-    def infinity(cls, artifact: Path | str, *flags: str, port: int | None = None, **options: object) -> Server:
+    def infinity(cls, artifact: Path | str, *flags: str, port: int | None = None, cpus: set[int] | None = None,
+                 cwd: Path | None = None, log: Path | None = None, env: Mapping[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> Server:
         """`python -m infinity serve ARTIFACT --port PORT FLAGS...`, on a free port unless given one."""
         port = port or free_port()
-        return cls(serve_command(artifact, *flags, port=port), port, **options)  # type: ignore[arg-type]
+        return cls(serve_command(artifact, *flags, port=port), port, cpus, cwd, log, env, preexec_fn)
 
     @property
     def url(self) -> str:
