@@ -5,7 +5,7 @@
                          [--server-cpus 0-3 --client-cpus 8]
 
 `paths` (the default): both with an API key, `infinity serve` as it is ("lane") and the same server with its
-protocol built without the lane ("usual": every request through the parser, an ASGI task and the Starlette stack).
+lane turned off ("usual": every request through the parser, an ASGI task and the Starlette stack).
 `options`: `infinity serve` with JSON logs, OTLP traces (to a collector process that takes every export)
 and an API key all on ("on"), each alone ("json", "otlp", "key"), and all off ("off"). `same`: five identical
 servers, to see the bench's own bias. Each round starts every server afresh, in a shuffled order; per round and
@@ -35,7 +35,7 @@ from bench.process import Server, cpu_list, free_port
 
 KEY = "bench-lane-key"
 TEXT = "Infinity serves embeddings fast."  # 9 tokens with the MiniLM tokenizer's [CLS] and [SEP]
-WITHOUT_LANE = ("import sys, infinity.http.server as server; server.lane_protocol = lambda base, lane: base; "
+WITHOUT_LANE = ("import sys, infinity.http.server as server; server.LANE = False; "
                 "from infinity.cli import main; sys.exit(main())")
 CONCURRENCY = (1, 16, 64)
 

@@ -198,7 +198,7 @@ def serve(directory: Path, settings: Settings, startup: Startup) -> int:
         router = Router.build(model, settings)
         app = create_app(router)
         startup.mark("routes")
-        return run(app, settings, sock, router.gate(), router.lane(), startup)
+        return run(app, settings, sock, router, startup)
     finally:
         sock.close()
 

@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
-from infinity.http.connection import Connection, Shared
+from infinity.http.connection import Connection
+from infinity.http.router import Unrouted
+from infinity.http.server import limits
+from infinity.http.shared import Shared
+from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 Scope = dict[str, Any]
@@ -48,7 +52,7 @@ async def app(scope: Scope, receive: Callable[[], Awaitable[dict[str, Any]]],
 
 def serving(check: Callable[[str, int], Awaitable[None]], keep_alive: float = 5.0) -> Shared:
     """Run `check(host, port)` against a server of plain connections on 127.0.0.1; the server's shared state."""
-    shared = Shared(app, keep_alive=keep_alive)
+    shared = Shared(app, keep_alive=keep_alive, limits=limits(Settings()), router=Unrouted())
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(lambda: Connection(shared), "127.0.0.1", 0)

@@ -18,12 +18,10 @@ import pytest
 from infinity.api.app import create_app
 from infinity.api.router import Router
 from infinity.engine.model import LoadedModel
-from infinity.http.connection import Shared
+from infinity.http.connection import Connection
 from infinity.http.heads import declared_body
-from infinity.http.lane import LaneConnection
-from infinity.http.lane import protocol as lane_protocol
-from infinity.http.protocol import protocol_class
 from infinity.http.server import limits
+from infinity.http.shared import Shared
 from infinity.settings import Settings
 from tests.servers import WAIT, Reader, Server, metric, running, until
 
@@ -277,21 +275,20 @@ def test_lane_requests_still_queued_at_the_drain_deadline_get_the_json_503(minil
 @pytest.mark.parametrize("options", [{}, {"json_logs": True, "otlp_endpoint": "http://127.0.0.1:9", "api_keys": ("k",),
                                                 "access_log": True}])
 def test_the_lane_answers_without_starting_a_request_cycle(minilm_fp32_artifact: Path, options: dict[str, Any]) -> None:
-    """In-process, with the protocol class `infinity serve` uses: a plain request leaves no ASGI cycle behind,
+    """In-process, with the connection `infinity serve` uses: a plain request leaves no ASGI cycle behind,
     a chunked one does (so the plain one was answered by the lane), with every option off and on."""
     settings = Settings(threads=1, **options)
     auth = b"Authorization: Bearer k\r\n" if options else b""
     router = Router.build(LoadedModel.load(minilm_fp32_artifact, threads=1), settings)
     app = create_app(router)
-    made: list[LaneConnection] = []
+    made: list[Connection] = []
 
     async def main() -> tuple[bytes, bytes]:
         async with app.router.lifespan_context(app) as state:
-            http = lane_protocol(protocol_class(limits(settings), router.gate()), router.lane())
-            shared = Shared(app, keep_alive=5.0, state=dict(state))
+            shared = Shared(app, keep_alive=5.0, limits=limits(settings), router=router, state=dict(state))
 
-            def connection() -> LaneConnection:
-                made.append(http(shared))
+            def connection() -> Connection:
+                made.append(Connection(shared))
                 return made[-1]
 
             listener = await asyncio.get_running_loop().create_server(connection, "127.0.0.1", 0)

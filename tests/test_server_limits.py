@@ -16,7 +16,8 @@ import pytest
 
 from infinity.cli import build_parser, settings_from
 from infinity.errors import StartupError
-from infinity.http.protocol import Gate
+from infinity.http.guards import shed
+from infinity.http.router import Unrouted
 from tests.servers import ROOT, WAIT, Reader, Server, running
 
 HEAD_LIMIT = 4096
@@ -229,10 +230,24 @@ def test_a_port_in_use_is_refused_before_the_model_loads(minilm_fp32_artifact: P
                                                   "address already in use"]
 
 
-def shedding(full: bool = True, authorized: bool = True) -> tuple[Gate, list[bytes]]:
-    counted: list[bytes] = []
-    return Gate({b"POST /predict ": b"HTTP/1.1 429 Too Many Requests\r\n\r\n"}, lambda: full,
-                lambda head: authorized, refused=counted.append), counted
+class Shedding(Unrouted):
+    """A router with one inference route, /predict, full or not, the key valid or not; it records its refusals."""
+
+    def __init__(self, full: bool = True, authorized: bool = True) -> None:
+        self.is_full, self.is_authorized, self.counted = full, authorized, list[str]()
+
+    def route(self, line: bytes) -> str | None:
+        return "/predict" if line == b"POST /predict " else None
+
+    def full(self) -> bool:
+        return self.is_full
+
+    def authorized(self, head: bytes) -> bool:
+        return self.is_authorized
+
+    def refusal(self, path: str) -> bytes:
+        self.counted.append(path)
+        return b"HTTP/1.1 429 Too Many Requests\r\n\r\n"
 
 
 def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str = "", version: str = "1.1") -> bytes:
@@ -253,17 +268,17 @@ def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str =
 ])
 def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(request_bytes: bytes, full: bool,
                                                                             refused: bool) -> None:
-    gate, counted = shedding(full)
+    router = Shedding(full)
     end = request_bytes.find(b"\r\n\r\n") + 4
-    assert (gate.answer(request_bytes, end) is not None) is refused
-    assert counted == ([b"/predict"] if refused else [])
+    assert (shed(router, request_bytes, end) is not None) is refused
+    assert router.counted == (["/predict"] if refused else [])
 
 
 def test_a_request_without_a_valid_key_is_never_refused_on_the_socket() -> None:
     """It goes to the app, which answers 401 before counting any permit in flight."""
-    gate, counted = shedding(full=True, authorized=False)
+    router = Shedding(full=True, authorized=False)
     request_bytes = post()
-    assert gate.answer(request_bytes, request_bytes.find(b"\r\n\r\n") + 4) is None and counted == []
+    assert shed(router, request_bytes, request_bytes.find(b"\r\n\r\n") + 4) is None and router.counted == []
 
 
 def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,

@@ -1,5 +1,5 @@
 """The router, built once before the server starts: the service, the routes this artifact serves, and what the
-transport (the lane and the socket's gate) asks of them. The app's handlers and the lane both call into it; nothing
+transport asks of them (`infinity.http.router.Router`). The app's handlers and the lane both call into it; nothing
 is assigned later."""
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from infinity.engine.model import LoadedModel
 from infinity.engine.service import Permit, Service
 from infinity.errors import ErrorType, InfinityError
 from infinity.http.heads import canned, header
-from infinity.http.lane import Lane
-from infinity.http.protocol import Gate
 from infinity.observe import Observers
 from infinity.settings import Settings
 
@@ -46,6 +44,18 @@ class Router:
     def inference(self) -> dict[str, Endpoint]:
         return {endpoint.path: endpoint for endpoint in self.served if endpoint.inference}
 
+    @cached_property
+    def lines(self) -> dict[bytes, str]:
+        """Inference routes by their request line up to the target, "POST /path "."""
+        return {f"POST {path} ".encode(): path for path in self.inference}
+
+    @cached_property
+    def refusals(self) -> dict[str, bytes]:
+        """Each inference route's whole 429, in its family's error shape, for refusals made on the socket."""
+        retry_after = ((b"retry-after", str(self.service.settings.retry_after).encode()),)
+        return {path: canned(*endpoint.family.error(ErrorType.OVERLOADED, "the server is at capacity; retry later"),
+                             retry_after, close=False) for path, endpoint in self.inference.items()}
+
     def family(self, path: str) -> Family:
         return next((endpoint.family for endpoint in self.routes if endpoint.path == path), HF)
 
@@ -53,7 +63,24 @@ class Router:
         """A metrics label: the route's path, never a raw path a client made up."""
         return path if any(endpoint.path == path for endpoint in self.routes) else "unmatched"
 
-    # what the lane calls
+    # what the transport asks (infinity.http.router.Router)
+
+    @property
+    def max_body(self) -> int:
+        return self.service.settings.max_payload_bytes
+
+    def route(self, line: bytes) -> str | None:
+        return self.lines.get(line)
+
+    def full(self) -> bool:
+        return self.service.full
+
+    def refusal(self, path: str) -> bytes:
+        self.service.metrics.refused(path)
+        return self.refusals[path]
+
+    def rejected(self, reason: str) -> None:
+        self.service.metrics.count_rejection(reason)
 
     def admit(self, path: str) -> Permit | Response:
         try:
@@ -75,8 +102,6 @@ class Router:
     def closed(self, path: str) -> None:
         closed(self.inference[path], self.service)
 
-    # what the socket layer calls
-
     def authorized(self, head: bytes) -> bool:
         """The head carries a valid key, or the server needs none."""
         if not self.keys:
@@ -90,20 +115,3 @@ class Router:
 
     def error(self, path: bytes, kind: ErrorType, message: str, status: int | None) -> tuple[int, dict[str, Any]]:
         return self.family(path.decode("latin-1")).error(kind, message, status)
-
-    def refusal(self, endpoint: Endpoint) -> bytes:
-        """The whole 429 of one route, in its family's error shape, for refusals made on the socket."""
-        status, body = endpoint.family.error(ErrorType.OVERLOADED, "the server is at capacity; retry later")
-        return canned(status, body, ((b"retry-after", str(self.service.settings.retry_after).encode()),), close=False)
-
-    def gate(self) -> Gate:
-        metrics = self.service.metrics
-        return Gate(answers={f"POST {path} ".encode(): self.refusal(endpoint)
-                             for path, endpoint in self.inference.items()},
-                    full=lambda: self.service.full, authorized=self.authorized, error=self.error,
-                    refused=lambda path: metrics.refused(path.decode("latin-1")), rejected=metrics.count_rejection)
-
-    def lane(self) -> Lane:
-        settings = self.service.settings
-        return Lane({f"POST {path} ".encode(): path for path in self.inference}, settings.max_payload_bytes, self,
-                    self.observers)

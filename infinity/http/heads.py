@@ -1,15 +1,31 @@
-"""Request heads as bytes: where one ends, which route it names, what body it declares, and what HTTP/1.1 refuses.
+"""Request heads as bytes: where one ends, which route it names, what body it declares, and what HTTP/1.1 refuses;
+and answers as bytes, as every answer is written.
 
-Pure functions over the bytes a connection received, so every rule here is testable without a socket.
+Pure functions over bytes, so every rule here is testable without a socket.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
 
-from infinity.http.connection import serialized
+_PHRASES = {int(status): status.phrase for status in HTTPStatus}
+STATUS_LINE = {code: f"HTTP/1.1 {code} {_PHRASES.get(code, '')}\r\n".encode("ascii") for code in range(100, 600)}
+
+
+def serialized(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes = b"", close: bool = False) -> bytes:
+    """A response as it goes on the wire: status line, headers (with connection: close when the connection ends
+    after it), blank line, body. Every answer the server writes is made here."""
+    lines = [STATUS_LINE[status]]
+    for name, value in headers:
+        lines += [name, b": ", value, b"\r\n"]
+    if close:
+        lines.append(b"connection: close\r\n")
+    lines += [b"\r\n", body]
+    return b"".join(lines)
 
 
 def canned(status: int, body: dict[str, Any], extra: tuple[tuple[bytes, bytes], ...] = (), close: bool = True) -> bytes:

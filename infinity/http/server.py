@@ -10,10 +10,9 @@ from starlette.applications import Starlette
 
 from infinity.errors import StartupError
 from infinity.http import awslambda
-from infinity.http.connection import Shared
-from infinity.http.lane import Lane
-from infinity.http.lane import protocol as lane_protocol
-from infinity.http.protocol import Gate, Limits, protocol_class
+from infinity.http.connection import Connection
+from infinity.http.router import Router
+from infinity.http.shared import Limits, Shared
 from infinity.settings import Settings
 from infinity.startup import Startup
 
@@ -31,6 +30,7 @@ log = logging.getLogger("infinity.http")
 SPARE_FILES = 64  # descriptors kept for everything but client connections (listener, loop, logs, refusals)
 BACKLOG = 2048  # connections the kernel holds before accept
 CANCELLED_WRITE_S = 5.0  # after the drain deadline, how long cancelled requests get to write their 503
+LANE = True  # `python -m bench lane` turns the lane off to measure every request through the app
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -79,14 +79,13 @@ def limits(settings: Settings) -> Limits:
                   refusal_hold=float(settings.retry_after))
 
 
-def run(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None,
-        startup: Startup | None = None) -> int:
+def run(app: Starlette, settings: Settings, sock: socket.socket, router: Router, startup: Startup | None = None) -> int:
     """Serve until SIGTERM or SIGINT, then drain; 0 after a clean shutdown, 1 if the app's startup failed."""
     runner = asyncio.run if uvloop is None else uvloop.run
-    return runner(serve(app, settings, sock, gate, lane, startup))
+    return runner(serve(app, settings, sock, router, startup))
 
 
-async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: Gate, lane: Lane | None,
+async def serve(app: Starlette, settings: Settings, sock: socket.socket, router: Router,
                 startup: Startup | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop, force = asyncio.Event(), asyncio.Event()  # a second signal cuts the drain short
@@ -96,14 +95,12 @@ async def serve(app: Starlette, settings: Settings, sock: socket.socket, gate: G
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled)
-    http = protocol_class(limits(settings), gate)
-    if lane is not None:
-        http = lane_protocol(http, lane)
-    shared = Shared(app, keep_alive=settings.keep_alive_timeout, access_log=settings.access_log)
+    shared = Shared(app, keep_alive=settings.keep_alive_timeout, limits=limits(settings), router=router, lane=LANE,
+                    access_log=settings.access_log)
     try:
         async with app.router.lifespan_context(app) as state:
             shared.state = dict(state or {})
-            server = await loop.create_server(lambda: http(shared), sock=sock, backlog=BACKLOG)
+            server = await loop.create_server(lambda: Connection(shared), sock=sock, backlog=BACKLOG)
             clock = loop.create_task(_tick(shared))
             host, port = sock.getsockname()[:2]
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
