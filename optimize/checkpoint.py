@@ -1,16 +1,13 @@
 """What a model directory holds, read the same way by every task: its sentence-transformers modules, their
-configs, its prompts; and the loaded source model the stages pass on."""
+configs, its prompts."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infinity.manifest import POOLINGS, TaskFacts
-
-if TYPE_CHECKING:
-    from optimize.tasks.base import OptimizerTask
+from infinity.manifest import POOLINGS
 
 # sentence-transformers module classes the exported graph reproduces, by the last part of their type name
 MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling", "MultiVectorMask")
@@ -31,24 +28,6 @@ class Checkpoint:
     config: Any     # transformers PretrainedConfig
     tokenizer: Any  # transformers fast tokenizer
     modules: list[Module]  # sentence-transformers modules; [] for a bare transformers directory
-
-
-@dataclass
-class SourceModel:
-    path: Path
-    task: OptimizerTask  # the task object, its name at .name
-    config: Any              # transformers PretrainedConfig
-    tokenizer: Any           # transformers fast tokenizer
-    facts: TaskFacts
-    max_length: int
-    sentence_transformers: bool
-    model_id: str | None = None  # the hub id, where known
-    head: list[Module] = field(default_factory=list)  # modules after pooling that the graph includes
-    trust_remote_code: bool = False  # the model's own code (config.json's auto_map) is what runs
-
-    @property
-    def model_type(self) -> str:
-        return str(self.config.model_type)
 
 
 def read_json(path: Path) -> dict[str, Any]:  # a JSON file as read

@@ -27,7 +27,6 @@ from infinity.manifest import (
     TaskFacts,
     TokenizerFile,
 )
-from optimize.checkpoint import SourceModel
 from optimize.graph.onnxio import copy_model, model_bytes, save_model, weights_beside
 from optimize.measure.agreement import Outputs, ParityResult
 from optimize.measure.texts import HELDOUT_DESCRIPTION
@@ -50,7 +49,7 @@ from optimize.stages.s6_validate.served import (
 )
 from optimize.stages.s7_package import describe_model, library_versions, now
 from optimize.tasks import task_for
-from optimize.tasks.base import OptimizerTask
+from optimize.tasks.base import OptimizerTask, SourceModel
 
 Log = Callable[[str], None]
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity.manifest import SPLADE, TaskName
-from optimize.checkpoint import Checkpoint, SourceModel, read_json, read_modules
+from optimize.checkpoint import Checkpoint, read_json, read_modules
 from optimize.tasks import task_for
+from optimize.tasks.base import SourceModel
 
 SANE_MAX_LENGTH = 100_000
 # how a model card names its hub id in its usage example

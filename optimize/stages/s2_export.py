@@ -7,9 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from optimize.checkpoint import SourceModel
 from optimize.graph.onnxio import copy_model, external_files
-from optimize.tasks.base import UnsupportedModel, input_names
+from optimize.tasks.base import SourceModel, UnsupportedModel, input_names
 
 OPSET = 17
 

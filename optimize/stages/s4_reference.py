@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from infinity.engine.tokenization import TextInput
-from optimize.checkpoint import SourceModel
 from optimize.measure.agreement import Outputs
+from optimize.tasks.base import SourceModel
 
 
 def torch_reference(source: SourceModel, inputs: list[TextInput]) -> Outputs:

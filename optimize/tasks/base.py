@@ -7,6 +7,8 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -14,7 +16,7 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from optimize.checkpoint import Checkpoint, Module, SourceModel
+from optimize.checkpoint import Checkpoint, Module
 from optimize.measure import agreement, texts
 from optimize.measure.agreement import Outputs
 
@@ -26,6 +28,25 @@ if TYPE_CHECKING:
 
 class UnsupportedModel(ValueError):
     """The model cannot be exported for this task; the message is the one line the user sees."""
+
+
+@dataclass
+class SourceModel:
+    """A model directory loaded for its task: what the stages pass on."""
+    path: Path
+    task: OptimizerTask  # the task object, its name at .name
+    config: Any              # transformers PretrainedConfig
+    tokenizer: Any           # transformers fast tokenizer
+    facts: TaskFacts
+    max_length: int
+    sentence_transformers: bool
+    model_id: str | None = None  # the hub id, where known
+    head: list[Module] = field(default_factory=list)  # modules after pooling that the graph includes
+    trust_remote_code: bool = False  # the model's own code (config.json's auto_map) is what runs
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.model_type)
 
 
 class CheckedLoadReport(logging.Filter):

@@ -12,7 +12,6 @@ from infinity.tasks.feature_extraction import l2_normalize
 from optimize.checkpoint import (
     Checkpoint,
     Module,
-    SourceModel,
     dense_width,
     hidden_size,
     pooling_mode,
@@ -22,7 +21,7 @@ from optimize.checkpoint import (
 )
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, with_modules
+from optimize.tasks.base import OptimizerTask, SourceModel, with_modules
 from optimize.tasks.hybrid_embedding import M3_HEADS
 
 if TYPE_CHECKING:

@@ -10,10 +10,10 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Hybrid, TaskFacts, TaskName
 from infinity.tasks.hybrid_embedding import HybridEmbedding
-from optimize.checkpoint import Checkpoint, Module, SourceModel, hidden_size, pooling_mode, prompts, read_json
+from optimize.checkpoint import Checkpoint, Module, hidden_size, pooling_mode, prompts, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, head
+from optimize.tasks.base import OptimizerTask, SourceModel, head
 
 if TYPE_CHECKING:
     import torch

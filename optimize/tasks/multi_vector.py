@@ -9,10 +9,10 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import EXPANSIONS, ROLES, MultiVector, QueryExpansion, TaskFacts, TaskName
 from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
-from optimize.checkpoint import Checkpoint, Module, SourceModel, dense_width, hidden_size, read_json
+from optimize.checkpoint import Checkpoint, Module, dense_width, hidden_size, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, with_modules
+from optimize.tasks.base import OptimizerTask, SourceModel, with_modules
 
 if TYPE_CHECKING:
     from infinity.engine.model import LoadedModel

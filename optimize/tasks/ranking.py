@@ -9,10 +9,10 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Reranker, TaskFacts, TaskName
-from optimize.checkpoint import Checkpoint, Module, SourceModel, read_json
+from optimize.checkpoint import Checkpoint, Module, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import ClassifierHead, UnsupportedModel, head, labels, output_hook
+from optimize.tasks.base import ClassifierHead, SourceModel, UnsupportedModel, head, labels, output_hook
 
 if TYPE_CHECKING:
     from infinity.engine.model import LoadedModel

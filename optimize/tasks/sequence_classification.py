@@ -4,10 +4,10 @@ from __future__ import annotations
 from infinity.engine.tokenization import TextInput
 from infinity.manifest import TaskFacts, TaskName
 from infinity.tasks.base import activate
-from optimize.checkpoint import Checkpoint, Module, SourceModel
+from optimize.checkpoint import Checkpoint, Module
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import ClassifierHead, classifier_reference, labels
+from optimize.tasks.base import ClassifierHead, SourceModel, classifier_reference, labels
 
 
 class SequenceClassificationTask(ClassifierHead):

@@ -8,10 +8,10 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import SPLADE, SPLADE_MAX_LOGITS, SPLADE_SETTINGS, TaskFacts, TaskName
-from optimize.checkpoint import Checkpoint, Module, SourceModel, prompts, read_json
+from optimize.checkpoint import Checkpoint, Module, prompts, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, UnsupportedModel, head, output_hook
+from optimize.tasks.base import OptimizerTask, SourceModel, UnsupportedModel, head, output_hook
 
 if TYPE_CHECKING:
     from infinity.engine.model import LoadedModel
