@@ -9,7 +9,7 @@ from typing import TypedDict
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,10 +31,10 @@ class State(TypedDict):
     service: Service
 
 
-def http_errors(families: dict[str, Family]) -> Callable[[HTTPRequest, Exception], Awaitable[Response]]:
+def http_errors(families: dict[str, Family]) -> Callable[[Request, Exception], Awaitable[Response]]:
     """Starlette's own errors (a method the route does not take) in the error shape of the route's family."""
 
-    async def http_error(request: HTTPRequest, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         kind = {404: ErrorType.NOT_FOUND, 405: ErrorType.METHOD_NOT_ALLOWED}.get(status, ErrorType.HTTP)
         detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
@@ -78,7 +78,7 @@ def _view(endpoint: Endpoint) -> View:
     if endpoint.view is not None:
         return endpoint.view
 
-    async def view(request: HTTPRequest) -> Response:
+    async def view(request: Request) -> Response:
         return await handle(endpoint, request)
 
     return view

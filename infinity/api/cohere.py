@@ -9,7 +9,7 @@ from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Re
 from infinity.api.operations import FeatureExtractionOperation, RankingOperation, pairs
 from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
-from infinity.tasks import Request
+from infinity.tasks import Job
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.ranking import Ranking
 
@@ -45,7 +45,7 @@ def body_schema(operation: RankingOperation, limit: int) -> Object:
 def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
     operation = RankingOperation(task)
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
 
         def render(result: Result) -> Any:
@@ -94,7 +94,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
     def endpoint(path: str) -> Endpoint:
         version = path[2]
 
-        def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+        def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
             texts = body["texts"]
             kinds = body.get("embedding_types")
             by_type = kinds is not None or version == "2"

@@ -11,20 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from starlette.requests import ClientDisconnect
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from infinity.engine.service import INLINE_CHARS, Permit, Result, Service
 from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, TooLong, ValidationError
 from infinity.schema import Schema
-from infinity.tasks import Request
+from infinity.tasks import Job
 
 log = logging.getLogger("infinity.api")
 
 Render = Callable[[Any], Any]  # the core's Result, or None for the routes that run no model
-Prepare = Callable[[Any], tuple[Request | None, Render]]
-View = Callable[[HTTPRequest], Awaitable[Response]]
+Prepare = Callable[[Any], tuple[Job | None, Render]]
+View = Callable[[Request], Awaitable[Response]]
 
 
 class JSONResponse(Response):
@@ -111,7 +110,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
 
 
-async def read_body(request: HTTPRequest, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused as soon as it is known to exceed the limit (declared or actually sent)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -125,12 +124,12 @@ async def read_body(request: HTTPRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _client_gone(request: HTTPRequest) -> None:
+async def _client_gone(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _unless_disconnected(request: HTTPRequest, work: Awaitable[Result]) -> Result | None:
+async def _unless_disconnected(request: Request, work: Awaitable[Result]) -> Result | None:
     """Await work, cancelling it (which drops its queued entry) if the client goes away first."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_client_gone(request))
@@ -154,13 +153,13 @@ def parse_json(body: bytes) -> Any:
         raise ValidationError(f"the body is not valid JSON: {exc}") from None
 
 
-async def handle(endpoint: Endpoint, request: HTTPRequest) -> Response:
+async def handle(endpoint: Endpoint, request: Request) -> Response:
     service: Service = request.state.service
     return await respond(endpoint, service, lambda: read_body(request, service.settings.max_payload_bytes),
                          lambda work: _unless_disconnected(request, work))
 
 
-def run(service: Service, core: Request) -> Awaitable[Result]:
+def run(service: Service, core: Job) -> Awaitable[Result]:
     """The core's answer; with a request_timeout, a 504 once it has passed (dropping the queued entry)."""
     timeout = service.settings.request_timeout
     return _within(service.run(core), timeout) if timeout else service.run(core)
@@ -201,7 +200,7 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
                         return closed(endpoint, service)
             answered = time.perf_counter()
             small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
-            content = await service.offload(render, result, small=small)
+            answer = await service.offload(render, result, small=small)
     except TooLong as exc:
         return failure(endpoint, service, exc.advising(endpoint.truncation_switch))
     except InfinityError as exc:
@@ -227,7 +226,7 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
         headers["x-compute-time"] = _ms(done - answered)
     service.metrics.request.labels(endpoint.path).observe(done - started)
     service.metrics.answered(endpoint.path, 200)
-    return JSONResponse(content, headers=headers)
+    return JSONResponse(answer, headers=headers)
 
 
 def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Response:
@@ -248,7 +247,7 @@ def not_served(path: str, family: Family, needs: str, task: str) -> View:
     if needs == task:  # a route of this task that this artifact cannot answer: token vectors pooled in its graph
         message = f"{path} is not available: this {task} artifact's graph answers pooled vectors only"
 
-    async def view(request: HTTPRequest) -> Response:
+    async def view(request: Request) -> Response:
         return family.failure(ErrorType.NOT_FOUND, message)
 
     return view

@@ -8,7 +8,7 @@ from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Re
 from infinity.api.operations import Operation, operation_for
 from infinity.engine.service import Result
 from infinity.schema import Boolean, Choice, Object, Schema
-from infinity.tasks import Request, Task
+from infinity.tasks import Job, Task
 from infinity.tasks.base import DIRECTIONS
 
 HF = Family("hf", ErrorBody({"error": MESSAGE, "error_type": TYPE}))
@@ -44,8 +44,8 @@ def body_schema(operation: Operation[Any], limit: int) -> Object:
 def endpoints(task: Task, limit: int) -> list[Endpoint]:
     predict = operation_for(task)
 
-    def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Request, Render]]:
-        def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Job, Render]]:
+        def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
             params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
             params.update(body.get("parameters", {}))
             parsed = predict.parse(body["inputs"], params)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity.api import hf
@@ -25,7 +25,7 @@ from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
 from infinity.manifest import TaskName
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
-from infinity.tasks import Request, Task
+from infinity.tasks import Job, Task
 from infinity.tasks.base import activate
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.ranking import Ranking
@@ -115,7 +115,7 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
                      "outputs": Array(requested, max_items=1), "parameters": parameters},
                     required=("inputs",), fill_defaults=False)
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         named: dict[str, list[str]] = {}
         for tensor in body["inputs"]:
             if tensor["name"] not in spec.inputs or tensor["name"] in named:
@@ -148,25 +148,25 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
                     answer_doc, body=schema, prepare=prepare, errors=ERRORS, truncation_switch=hf.IN_PARAMETERS)
 
 
-async def _ready(request: HTTPRequest) -> bool:
+async def _ready(request: Request) -> bool:
     return bool(await request.state.service.ready())
 
 
 def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[Endpoint]:
-    async def live(request: HTTPRequest) -> Response:
+    async def live(request: Request) -> Response:
         return JSONResponse({"live": True})
 
-    async def ready(request: HTTPRequest) -> Response:
+    async def ready(request: Request) -> Response:
         if await _ready(request):
             return JSONResponse({"ready": True})
         return KSERVE.failure(ErrorType.UNHEALTHY, "the model is not ready")
 
-    async def model_ready(request: HTTPRequest) -> Response:
+    async def model_ready(request: Request) -> Response:
         if await _ready(request):
             return JSONResponse({"name": name, "ready": True})
         return KSERVE.failure(ErrorType.UNHEALTHY, f"the model {name} is not ready")
 
-    async def server(request: HTTPRequest) -> Response:
+    async def server(request: Request) -> Response:
         return JSONResponse({"name": "infinity-multiverse", "version": version(), "extensions": []})
 
     unready = {503: "Not ready"}
@@ -180,7 +180,7 @@ def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[
     if spec is None:
         return served
 
-    async def metadata(request: HTTPRequest) -> Response:
+    async def metadata(request: Request) -> Response:
         inputs = [{"name": input_name, "datatype": "BYTES", "shape": [-1]} for input_name in spec.inputs]
         return JSONResponse({"name": name, "versions": [], "platform": "onnxruntime_onnx", "inputs": inputs,
                              "outputs": [{"name": spec.output, "datatype": "FP32", "shape": spec.output_shape}]})

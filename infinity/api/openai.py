@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
@@ -15,7 +15,7 @@ from infinity.api.operations import FeatureExtractionOperation, listed, prompt_f
 from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
-from infinity.tasks import Request
+from infinity.tasks import Job
 from infinity.tasks.feature_extraction import FeatureExtraction
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -127,7 +127,7 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, token_ids: str) -> list[Endpoint]:
     operation = FeatureExtractionOperation(task)
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             vectors = operation.vectors(result.rows, body)
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
@@ -161,7 +161,7 @@ def models(name: str, started: int, protected: bool) -> Endpoint:
     listing = {"object": "list", "data": [{"id": name, "object": "model", "created": started,
                                            "owned_by": "infinity"}]}
 
-    async def view(request: HTTPRequest) -> Response:
+    async def view(request: Request) -> Response:
         return JSONResponse(listing)
 
     answer = {"type": "object", "properties": {"object": {"type": "string"}, "data": {"type": "array"}}}

@@ -13,7 +13,7 @@ import numpy as np
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import ROLES
 from infinity.schema import Array, Boolean, Choice, Integer, Number, Object, OneOf, Refused, Schema, Text
-from infinity.tasks import Request, Task
+from infinity.tasks import Job, Task
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
 from infinity.tasks.hybrid_embedding import HEADS, HybridEmbedding
 from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
@@ -115,15 +115,15 @@ class Operation(Generic[T]):
         return Parsed(listed(inputs), {}, isinstance(inputs, str))
 
     def request(self, inputs: Sequence[TextInput], params: Mapping[str, Any], token_ids: list[list[int]] | None = None,
-                tokens: bool = False) -> Request:
+                tokens: bool = False) -> Job:
         """The core request for texts (or pairs, or token ids) under /predict's parameters, their defaults where
         params lack them: truncation, chunking, and the task's own (prompt, role, instruction)."""
-        request = Request(list(inputs), token_ids=token_ids, tokens=tokens, chunk=params.get("chunking"),
+        request = Job(list(inputs), token_ids=token_ids, tokens=tokens, chunk=params.get("chunking"),
                           truncate=params.get("truncate", True),
                           direction=params.get("truncation_direction", "right"))
         return self.specific(request, params)
 
-    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+    def specific(self, request: Job, params: Mapping[str, Any]) -> Job:
         """The request with what the task's own parameters set."""
         return request
 
@@ -181,7 +181,7 @@ class FeatureExtractionOperation(Operation[FeatureExtraction]):
             return Parsed([inputs["source_sentence"], *inputs["sentences"]], options, single=False)
         return Parsed(listed(inputs), options, isinstance(inputs, str))
 
-    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+    def specific(self, request: Job, params: Mapping[str, Any]) -> Job:
         self.task.check_precision([params.get("precision", "float")])
         return self.task.prompted(request, params.get("prompt_name"))
 
@@ -263,7 +263,7 @@ class SparseEmbeddingOperation(Operation[SparseEmbedding]):
         options = {"threshold": params.get("threshold", 0.0), "top_k": params.get("top_k")}
         return Parsed(listed(inputs), options, isinstance(inputs, str))
 
-    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+    def specific(self, request: Job, params: Mapping[str, Any]) -> Job:
         return self.task.prompted(request, params.get("prompt_name"))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
@@ -294,7 +294,7 @@ class MultiVectorOperation(Operation[MultiVectorEmbedding]):
     def parse(self, inputs: Any, params: dict[str, Any]) -> Parsed:
         return Parsed(listed(inputs), {"input_type": params.get("input_type", DOCUMENT)}, isinstance(inputs, str))
 
-    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+    def specific(self, request: Job, params: Mapping[str, Any]) -> Job:
         return self.task.in_role(request, params.get("input_type", DOCUMENT))
 
     def respond(self, rows: np.ndarray, parsed: Parsed, encoded: list[Encoded]) -> Any:
@@ -338,7 +338,7 @@ class RankingOperation(Operation[Ranking]):
                    "raw_scores": params.get("raw_scores", False), "texts": inputs["texts"]}
         return Parsed(pairs(inputs["query"], inputs["texts"]), options, single=False)
 
-    def specific(self, request: Request, params: Mapping[str, Any]) -> Request:
+    def specific(self, request: Job, params: Mapping[str, Any]) -> Job:
         request.instruction, request.document_tokens = params.get("instruction"), params.get("max_tokens_per_doc")
         return request
 

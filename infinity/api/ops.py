@@ -6,7 +6,7 @@ from importlib import metadata
 
 import onnxruntime
 import tokenizers
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity.api.endpoint import Endpoint, JSONResponse
@@ -27,11 +27,11 @@ def version() -> str:
         return "unknown"
 
 
-async def live(request: HTTPRequest) -> Response:
+async def live(request: Request) -> Response:
     return JSONResponse({"status": "live"})
 
 
-async def ready(request: HTTPRequest) -> Response:
+async def ready(request: Request) -> Response:
     if await request.state.service.ready():
         return JSONResponse({"status": "ready"})
     return HF.failure(ErrorType.UNHEALTHY, "the model is not ready")
@@ -42,7 +42,7 @@ def served_name(manifest: Manifest, settings: Settings) -> str:
     return settings.served_model_name or manifest.public_model_id
 
 
-async def info(request: HTTPRequest) -> Response:
+async def info(request: Request) -> Response:
     service: Service = request.state.service
     manifest, settings = service.model.manifest, service.settings
     facts = manifest.task
@@ -82,11 +82,11 @@ async def info(request: HTTPRequest) -> Response:
 PROMETHEUS = CONTENT_TYPE  # what prometheus_client writes: its text exposition format
 
 
-async def metrics(request: HTTPRequest) -> Response:
+async def metrics(request: Request) -> Response:
     return Response(request.state.service.metrics.render(), headers={"content-type": PROMETHEUS})
 
 
-async def openapi(request: HTTPRequest) -> Response:
+async def openapi(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
 

@@ -22,7 +22,7 @@ from infinity.api.operations import (
 from infinity.engine.service import Result
 from infinity.engine.tokenization import TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
-from infinity.tasks import Request
+from infinity.tasks import Job
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
@@ -41,7 +41,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
                      "dimensions": operation.dimensions_field(), "precision": operation.precision_field(),
                      **prompt_fields(task), **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             return operation.vectors(result.rows, body)
 
@@ -60,7 +60,7 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
     schema = Object({"inputs": texts_schema(limit), **prompt_fields(task), **operation.chunking_fields(),
                      **truncation()}, required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             return task.token_answers(result.rows, result.encoded)
 
@@ -76,7 +76,7 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit), "input_type": operation.role_field(),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             return task.vectors(result.rows, result.encoded, body["input_type"])
 
@@ -92,7 +92,7 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
     schema = Object({"inputs": texts_schema(limit), **operation.selection(), **prompt_fields(task),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             return task.sparse_answers(result.rows, result.encoded, body["threshold"], body.get("top_k"))
 
@@ -110,7 +110,7 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
                      **operation.instruction_field(), **operation.chunking_fields(), **truncation()},
                     required=("query", "texts"))
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         def render(result: Result) -> Any:
             return operation.ranking(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
 

@@ -14,7 +14,7 @@ from infinity.api.operations import operation_for
 from infinity.engine.service import Result
 from infinity.errors import PayloadTooLarge
 from infinity.schema import Array, Object
-from infinity.tasks import Request, Task
+from infinity.tasks import Job, Task
 
 
 def predict(task: Task, limit: int, route: str) -> Endpoint:
@@ -23,7 +23,7 @@ def predict(task: Task, limit: int, route: str) -> Endpoint:
     schema = Object({"instances": Array(per_instance.inputs(limit), max_items=limit), "parameters": parameters},
                     required=("instances",), fill_defaults=False)
 
-    def prepare(body: dict[str, Any]) -> tuple[Request, Render]:
+    def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         params = body.get("parameters", {})
         parsed = [per_instance.parse(instance, params) for instance in body["instances"]]
         inputs = [item for each in parsed for item in each.inputs]

@@ -77,11 +77,11 @@ class _Entry:
         return real_tokens(self.items)
 
 
-Answer = tuple[_Entry, Outcome | None, BaseException | None]
+Delivery = tuple[_Entry, Outcome | None, BaseException | None]  # an entry's outcome or error, for its loop
 
 
-def _settle(answers: list[Answer]) -> None:
-    for entry, outcome, error in answers:
+def _settle(deliveries: list[Delivery]) -> None:
+    for entry, outcome, error in deliveries:
         if entry.future.done():
             continue
         if error is not None:
@@ -90,11 +90,11 @@ def _settle(answers: list[Answer]) -> None:
             entry.future.set_result(outcome)  # type: ignore[arg-type]
 
 
-def _deliver(answers: list[Answer]) -> None:
+def _deliver(deliveries: list[Delivery]) -> None:
     """One wake-up per event loop for a whole batch, not one per request."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[Answer]] = {}
-    for answer in answers:
-        by_loop.setdefault(answer[0].loop, []).append(answer)
+    by_loop: dict[asyncio.AbstractEventLoop, list[Delivery]] = {}
+    for delivery in deliveries:
+        by_loop.setdefault(delivery[0].loop, []).append(delivery)
     for loop, group in by_loop.items():
         try:
             loop.call_soon_threadsafe(_settle, group)
@@ -307,15 +307,15 @@ class Batcher:
             self._running = []
             _deliver([(entry, None, BackendError(str(exc) or repr(exc))) for entry in batch])
             raise
-        answers: list[Answer] = []
+        deliveries: list[Delivery] = []
         offset = 0
         for entry in batch:
             count = len(entry.items)
             outcome = Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded)
-            answers.append((entry, outcome, None))
+            deliveries.append((entry, outcome, None))
             offset += count
-        self._running = []  # idle before anyone hears of it: a caller woken by the answer may run_here at once
-        _deliver(answers)
+        self._running = []  # idle before anyone hears of it: a caller woken by the delivery may run_here at once
+        _deliver(deliveries)
 
     def _report(self, report: BatchReport) -> None:
         if self.on_batch is None:

@@ -13,7 +13,7 @@ from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
-from infinity.tasks import Request, Task, make_task
+from infinity.tasks import Job, Task, make_task
 
 
 def artifact_tokenizer(directory: Path, manifest: Manifest) -> TextTokenizer:
@@ -51,19 +51,19 @@ class LoadedModel:
                     verify_checksums(directory, manifest)  # a changed file explains whatever else failed
             return cls(directory, manifest, tokenizer, engine.result(), task)
 
-    def encode(self, request: Request) -> list[Encoded]:
+    def encode(self, request: Job) -> list[Encoded]:
         if request.token_ids is not None:
             return self.tokenizer.from_ids(request.token_ids)
         items = self.tokenizer.encode(self.task.templated(request, self._texts(request)), truncate=request.truncate,
                                       direction=request.direction, max_length=request.max_length)
         return self.task.encoded(request, items)
 
-    def _texts(self, request: Request) -> list[TextInput]:
+    def _texts(self, request: Job) -> list[TextInput]:
         if request.document_tokens is None:
             return request.texts
         return self.tokenizer.cut_documents(request.texts, request.document_tokens)
 
-    def windows(self, request: Request, overlap: int) -> list[list[Encoded]]:
+    def windows(self, request: Job, overlap: int) -> list[list[Encoded]]:
         """Each text of the request whole, in windows of the model's maximum length (or the request's shorter one),
         each window of a long text beginning with the request's prompt."""
         texts = self._texts(request)
@@ -71,7 +71,7 @@ class LoadedModel:
             return self._template_windows(request, texts, overlap)  # type: ignore[arg-type]  # ranking: pairs
         return self.tokenizer.windows(texts, overlap, request.max_length, request.prompt)
 
-    def _template_windows(self, request: Request, pairs: list[tuple[str, str]], overlap: int) -> list[list[Encoded]]:
+    def _template_windows(self, request: Job, pairs: list[tuple[str, str]], overlap: int) -> list[list[Encoded]]:
         """A causal reranker's document read in windows of what its prompt, filled in with the query, leaves of
         the maximum length: each window's text (the characters its tokens cover) goes into the template as the
         document, and a document that fits is the one window it is without chunking."""

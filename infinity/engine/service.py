@@ -21,7 +21,7 @@ from infinity.engine.tokenization import Encoded, InputTooLong
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, TooLong, ValidationError
 from infinity.metrics import Metrics
 from infinity.settings import Settings
-from infinity.tasks import Request
+from infinity.tasks import Job
 
 log = logging.getLogger("infinity.service")
 
@@ -153,7 +153,7 @@ class Service:
         finally:
             permit.release()
 
-    async def run(self, request: Request) -> Result:
+    async def run(self, request: Job) -> Result:
         """Tokenize, queue and run one request: as one batch entry, or, past max_batch_size inputs, as entries of
         at most that many queued together and joined into one answer."""
         started = time.perf_counter()
@@ -201,13 +201,13 @@ class Service:
         return (now - self.overlapped > LONE_S and self.in_flight <= 1
                 and padded_tokens(encoded) <= self.settings.lone_request_tokens)
 
-    def _chunked(self, request: Request) -> bool:
+    def _chunked(self, request: Job) -> bool:
         """Texts past the maximum length run whole, in windows, as the request or else the server says: texts only
         (token ids run as given), where the task runs them so."""
         chunk = self.settings.chunk_long_inputs if request.chunk is None else request.chunk
         return chunk and request.token_ids is None and self.model.task.in_windows(request)
 
-    def _windows(self, request: Request) -> list[list[Encoded]]:
+    def _windows(self, request: Job) -> list[list[Encoded]]:
         try:
             windows = self.model.windows(request, self.settings.chunk_overlap)
         except Exception as exc:  # tokenizers rejects some strings (lone surrogates) with its own errors
@@ -228,7 +228,7 @@ class Service:
                                       f"length); send fewer or shorter texts")
         return windows
 
-    def _encode(self, request: Request) -> list[Encoded]:
+    def _encode(self, request: Job) -> list[Encoded]:
         try:
             return self.model.encode(request)
         except InputTooLong as exc:
@@ -246,7 +246,7 @@ class Service:
             self.healthy = False
 
 
-def too_long(exc: InputTooLong, request: Request) -> str:
+def too_long(exc: InputTooLong, request: Job) -> str:
     """The 422 for an input the model cannot take whole: which input, whose maximum, and what the client can do (the
     API layer adds how its own body turns truncation on)."""
     role = request.role if request.role and request.max_length == exc.max_length else None

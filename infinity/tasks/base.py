@@ -1,5 +1,5 @@
 """What every task knows: the core request it runs, the tokens the model reads of it, and its batch reduction.
-The API families (infinity/api/) turn their bodies into a Request and the rows into their answers."""
+The API families (infinity/api/) turn their bodies into a Job and the rows into their answers."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,7 +16,7 @@ DIRECTIONS = ("right", "left")
 
 
 @dataclass
-class Request:
+class Job:
     """What the core runs: texts (or text pairs) or token ids, and how to cut them to the model's length."""
     texts: list[TextInput] = field(default_factory=list)
     token_ids: list[list[int]] | None = None
@@ -51,11 +51,11 @@ class Task:
         self.manifest = manifest
         self.directory = directory
 
-    def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
+    def templated(self, request: Job, texts: Sequence[TextInput]) -> list[TextInput]:
         """What the tokenizer reads of the request's texts: as sent, unless the task puts them in a template."""
         return list(texts)
 
-    def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
+    def encoded(self, request: Job, items: list[Encoded]) -> list[Encoded]:
         """The request's tokens as the model reads them: as tokenized, unless the task adds to them."""
         return items
 
@@ -63,7 +63,7 @@ class Task:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
 
-    def in_windows(self, request: Request) -> bool:
+    def in_windows(self, request: Job) -> bool:
         """Whether the request's long texts run whole in windows, where chunking is asked for."""
         return self.windowed
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded
 from infinity.manifest import Manifest, MultiVector, QueryExpansion
-from infinity.tasks.base import Request, Task
+from infinity.tasks.base import Job, Task
 
 
 def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:
@@ -38,7 +38,7 @@ class MultiVectorEmbedding(Task):
         self.rules: MultiVector = manifest.task.multi_vector
         self.skiplist = np.asarray(self.rules.skiplist_ids, dtype=np.int64)
 
-    def in_role(self, request: Request, role: str) -> Request:
+    def in_role(self, request: Job, role: str) -> Job:
         """The request's texts in one role, with its prompt before each and its maximum length."""
         prompt = self.manifest.task.prompts.get(role, "")
         if prompt:
@@ -46,7 +46,7 @@ class MultiVectorEmbedding(Task):
         request.max_length, request.role, request.prompt = self.rules.max_length(role), role, prompt
         return request
 
-    def in_windows(self, request: Request) -> bool:
+    def in_windows(self, request: Job) -> bool:
         return request.role == DOCUMENT
 
     def joined(self, rows: np.ndarray, windows: list[list[Encoded]],
@@ -55,7 +55,7 @@ class MultiVectorEmbedding(Task):
         as in a short document."""
         return super().joined(rows, windows, tokens=True)
 
-    def encoded(self, request: Request, items: list[Encoded]) -> list[Encoded]:
+    def encoded(self, request: Job, items: list[Encoded]) -> list[Encoded]:
         expansion = self.rules.expansion
         if request.role != "query" or expansion is None:
             return items

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.tasks.base import Request, Task
+from infinity.tasks.base import Job, Task
 
 
 class PromptedTask(Task):
@@ -33,7 +33,7 @@ class PromptedTask(Task):
             raise ValidationError(f"unknown prompt_name {name!r}: {known}")
         return prompts[name]
 
-    def prompted(self, request: Request, name: str | None) -> Request:
+    def prompted(self, request: Job, name: str | None) -> Job:
         """The request's texts with the prompt before each (so token counts and truncation include it); token
         ids run as given."""
         if request.token_ids is not None:

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
-from infinity.tasks.base import Request, Task, activate
+from infinity.tasks.base import Job, Task, activate
 
 
 class Ranking(Task):
@@ -17,7 +17,7 @@ class Ranking(Task):
         """Each document's score: the best of its windows' (before the activation, which keeps their order)."""
         return self.largest(rows, windows)
 
-    def templated(self, request: Request, texts: Sequence[TextInput]) -> list[TextInput]:
+    def templated(self, request: Job, texts: Sequence[TextInput]) -> list[TextInput]:
         """A causal reranker reads each (query, document) pair through its template, with the manifest's
         instruction unless the request names its own (its tokenizer puts the prompt's prefix and suffix around
         it); a cross-encoder reads the pair itself."""

@@ -21,7 +21,7 @@ from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer
 from infinity.manifest import Manifest
 from infinity.settings import Settings
-from infinity.tasks import Request, make_task
+from infinity.tasks import Job, make_task
 from infinity.tasks.feature_extraction import l2_normalize
 from optimize.graph.onnxio import external_files
 from optimize.measure.agreement import Outputs, ParityResult
@@ -105,7 +105,7 @@ def row_values(task: OptimizerTask, model: LoadedModel, row: np.ndarray, item: E
     return task.served_values(model, row, item)
 
 
-def served_request(model: LoadedModel, inputs: list[TextInput]) -> Request:
+def served_request(model: LoadedModel, inputs: list[TextInput]) -> Job:
     """The inputs as a client's request with every default, built where the server builds every route's: the
     default prompt, a multi-vector model's document role, a causal reranker's template."""
     return operation_for(model.task).request(inputs, {})
