@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
-from infinity.api.endpoint import Endpoint, not_served
+from infinity.api.endpoint import Endpoint, Family, not_served
 from infinity.engine.model import LoadedModel
 from infinity.errors import StartupError
 from infinity.manifest import TaskName
@@ -56,11 +56,26 @@ def classification(task: Task, at: Served) -> list[Endpoint]:
     return []
 
 
-# Each task's routes beyond /predict's family and those every task has, by the task's name.
-TASK_ROUTES: dict[TaskName, Callable[[Any, Served], list[Endpoint]]] = {
-    TaskName.FEATURE_EXTRACTION: dense, TaskName.HYBRID_EMBEDDING: hybrid, TaskName.SPARSE_EMBEDDING: sparse,
-    TaskName.MULTI_VECTOR: multi_vector, TaskName.RANKING: ranking,
-    TaskName.SEQUENCE_CLASSIFICATION: classification, TaskName.TOKEN_CLASSIFICATION: classification}
+@dataclass(frozen=True)
+class TaskRoutes:
+    """A task's routes beyond /predict's family and those every task has: how they are built, and each one's path
+    in its family, which a server of another task answers 404 naming the task that serves it."""
+    build: Callable[[Any, Served], list[Endpoint]]
+    paths: tuple[tuple[str, Family], ...] = ()
+
+
+EMBEDDINGS = (*((path, openai.OPENAI) for path in openai.EMBEDDINGS), (tei.EMBED, tei.TEI), (tei.EMBED_ALL, tei.TEI),
+              *((path, cohere.COHERE) for path in cohere.EMBED))
+
+# By the task's name; where two tasks serve a path, a server of neither names the first.
+TASK_ROUTES: dict[TaskName, TaskRoutes] = {
+    TaskName.FEATURE_EXTRACTION: TaskRoutes(dense, EMBEDDINGS),
+    TaskName.SPARSE_EMBEDDING: TaskRoutes(sparse, ((tei.EMBED_SPARSE, tei.TEI),)),
+    TaskName.RANKING: TaskRoutes(ranking, ((tei.RERANK, tei.TEI), *((path, cohere.COHERE) for path in cohere.RERANK))),
+    TaskName.HYBRID_EMBEDDING: TaskRoutes(hybrid, (*EMBEDDINGS, (tei.EMBED_SPARSE, tei.TEI))),
+    TaskName.MULTI_VECTOR: TaskRoutes(multi_vector, ((tei.EMBED_ALL, tei.TEI),)),
+    TaskName.SEQUENCE_CLASSIFICATION: TaskRoutes(classification),
+    TaskName.TOKEN_CLASSIFICATION: TaskRoutes(classification)}
 
 
 def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
@@ -70,7 +85,7 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     if isinstance(task, PromptedTask) and settings.default_prompt_name is not None:
         task.use_default_prompt(settings.default_prompt_name)
     served = hf.endpoints(task, limit)
-    served += TASK_ROUTES[TaskName(task.name)](task, Served(limit, tokenizer.vocab_size, name, settings))
+    served += TASK_ROUTES[TaskName(task.name)].build(task, Served(limit, tokenizer.vocab_size, name, settings))
     served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
                tei.decode(tokenizer, limit)]
     served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)
@@ -92,14 +107,10 @@ def platform_routes(served: list[Endpoint], task: Task, limit: int, settings: Se
 def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     """Routes of the other tasks, each answering 404 in its family's error shape."""
     paths = {endpoint.path for endpoint in served}
-    others = [(path, openai.OPENAI, FeatureExtraction.name) for path in openai.EMBEDDINGS]
-    others += [(tei.EMBED, tei.TEI, FeatureExtraction.name), (tei.EMBED_ALL, tei.TEI, FeatureExtraction.name),
-               (tei.EMBED_SPARSE, tei.TEI, SparseEmbedding.name),
-               (tei.RERANK, tei.TEI, Ranking.name)]
-    others += [(path, cohere.COHERE, Ranking.name) for path in cohere.RERANK]
-    others += [(path, cohere.COHERE, FeatureExtraction.name) for path in cohere.EMBED]
     result = []
-    for path, family, needs in others:
-        if path not in paths:
-            result.append(Endpoint(path, family, "", {}, view=not_served(path, family, needs, task)))
+    for name, routes in TASK_ROUTES.items():
+        for path, family in routes.paths:
+            if path not in paths:
+                paths.add(path)
+                result.append(Endpoint(path, family, "", {}, view=not_served(path, family, name.value, task)))
     return result
