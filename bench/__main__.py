@@ -9,7 +9,7 @@ import sys
 SUITES = {
     "run": "run", "short": "short", "lane": "lane", "abuse": "abuse", "recipes": "recipes",
     "checkpoint": "checkpoint", "memory": "memory", "coldstart": "coldstart", "replicas": "replicas",
-    "queue": "queue", "efficiency": "efficiency", "profile": "profile", "bulk": "bulk", "peer": "peer",
+    "queue": "queue_depth", "efficiency": "efficiency", "profile": "kernels", "bulk": "bulk", "peer": "peer",
     "corpus": "corpus", "cores": "cores", "shapes": "shapes", "overhead": "overhead",
     "engine-sweep": "engine_sweep", "bare": "bare", "vanilla-server": "vanilla_server", "model": "model",
 }

@@ -131,7 +131,7 @@ def test_the_retry_storm_runs_from_its_own_process_and_sees_429s(server):  # noq
 
 
 def test_the_profile_names_each_operator_types_share(minilm_fp32_artifact: Path):
-    from bench.profile import profile
+    from bench.kernels import profile
 
     by_type, run = profile(minilm_fp32_artifact / "model.onnx", batch=1, sequence=8, runs=3)
     # the fp32 artifact as the server loads it: its residual LayerNorms stay unfused

@@ -64,16 +64,16 @@ class TaskRoutes:
     paths: tuple[tuple[str, Family], ...] = ()
 
 
-EMBEDDINGS = (*((path, openai.OPENAI) for path in openai.EMBEDDINGS), (tei.EMBED, tei.TEI), (tei.EMBED_ALL, tei.TEI),
+EMBEDDINGS = (*((path, openai.OPENAI) for path in openai.EMBEDDINGS), (tei.EMBED, hf.HF), (tei.EMBED_ALL, hf.HF),
               *((path, cohere.COHERE) for path in cohere.EMBED))
 
 # By the task's name; where two tasks serve a path, a server of neither names the first.
 TASK_ROUTES: dict[TaskName, TaskRoutes] = {
     TaskName.FEATURE_EXTRACTION: TaskRoutes(dense, EMBEDDINGS),
-    TaskName.SPARSE_EMBEDDING: TaskRoutes(sparse, ((tei.EMBED_SPARSE, tei.TEI),)),
-    TaskName.RANKING: TaskRoutes(ranking, ((tei.RERANK, tei.TEI), *((path, cohere.COHERE) for path in cohere.RERANK))),
-    TaskName.HYBRID_EMBEDDING: TaskRoutes(hybrid, (*EMBEDDINGS, (tei.EMBED_SPARSE, tei.TEI))),
-    TaskName.MULTI_VECTOR: TaskRoutes(multi_vector, ((tei.EMBED_ALL, tei.TEI),)),
+    TaskName.SPARSE_EMBEDDING: TaskRoutes(sparse, ((tei.EMBED_SPARSE, hf.HF),)),
+    TaskName.RANKING: TaskRoutes(ranking, ((tei.RERANK, hf.HF), *((path, cohere.COHERE) for path in cohere.RERANK))),
+    TaskName.HYBRID_EMBEDDING: TaskRoutes(hybrid, (*EMBEDDINGS, (tei.EMBED_SPARSE, hf.HF))),
+    TaskName.MULTI_VECTOR: TaskRoutes(multi_vector, ((tei.EMBED_ALL, hf.HF),)),
     TaskName.SEQUENCE_CLASSIFICATION: TaskRoutes(classification),
     TaskName.TOKEN_CLASSIFICATION: TaskRoutes(classification)}
 

@@ -1,5 +1,5 @@
-"""Text Embeddings Inference's native routes: /embed, /embed_all, /embed_sparse, /rerank, /tokenize, /decode
-(TEI's error shape)."""
+"""Text Embeddings Inference's native routes: /embed, /embed_all, /embed_sparse, /rerank, /tokenize, /decode.
+TEI's error shape is /predict's ({"error": ..., "error_type": ...}): they belong to the HF family."""
 from __future__ import annotations
 
 from typing import Any, cast
@@ -29,8 +29,6 @@ from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.ranking import Ranking
 from infinity.tasks.sparse_embedding import SparseEmbedding
 
-# TEI answers errors as {"error": ..., "error_type": ...}, the shape /predict already uses
-TEI = HF
 EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
 
 
@@ -47,7 +45,7 @@ def embed(task: FeatureExtraction, limit: int) -> Endpoint:
 
         return operation.request(listed(body["inputs"]), body), render
 
-    return Endpoint(EMBED, TEI, "Embed texts (TEI)", {"type": "array", "items": operation.vector_doc()}, body=schema,
+    return Endpoint(EMBED, HF, "Embed texts (TEI)", {"type": "array", "items": operation.vector_doc()}, body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
@@ -66,7 +64,7 @@ def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> End
 
         return operation.request(listed(body["inputs"]), body, tokens=True), render
 
-    return Endpoint(EMBED_ALL, TEI, "Every token's vector of each text (TEI)",
+    return Endpoint(EMBED_ALL, HF, "Every token's vector of each text (TEI)",
                     {"type": "array", "items": operation.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
@@ -82,7 +80,7 @@ def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
 
         return operation.request(listed(body["inputs"]), body), render
 
-    return Endpoint(EMBED_ALL, TEI, "The token vectors a multi-vector model scores, of each text (TEI's route)",
+    return Endpoint(EMBED_ALL, HF, "The token vectors a multi-vector model scores, of each text (TEI's route)",
                     {"type": "array", "items": operation.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
@@ -98,7 +96,7 @@ def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoin
 
         return operation.request(listed(body["inputs"]), body), render
 
-    return Endpoint(EMBED_SPARSE, TEI, "Sparse embeddings of texts (TEI)",
+    return Endpoint(EMBED_SPARSE, HF, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": sparse_vector_doc()}, body=schema, prepare=prepare,
                     errors=ERRORS, truncation_switch=AT_TOP)
 
@@ -116,7 +114,7 @@ def rerank(task: Ranking, limit: int) -> Endpoint:
 
         return operation.request(pairs(body["query"], body["texts"]), body), render
 
-    return Endpoint(RERANK, TEI, "Rank texts against a query (TEI)", operation.answer_doc(), body=schema,
+    return Endpoint(RERANK, HF, "Rank texts against a query (TEI)", operation.answer_doc(), body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
@@ -148,7 +146,7 @@ def tokenize(tokenizer: TextTokenizer, limit: int) -> Endpoint:
                                               "start": {"type": "integer", "nullable": True},
                                               "stop": {"type": "integer", "nullable": True}}}
     answer = {"type": "array", "items": {"type": "array", "items": token}}
-    return Endpoint("/tokenize", TEI, "Tokenize texts (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)
+    return Endpoint("/tokenize", HF, "Tokenize texts (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)
 
 
 def decode(tokenizer: TextTokenizer, limit: int) -> Endpoint:
@@ -162,4 +160,4 @@ def decode(tokenizer: TextTokenizer, limit: int) -> Endpoint:
         return None, lambda _: tokenizer.decode(ids, body["skip_special_tokens"])
 
     answer = {"type": "array", "items": {"type": "string"}}
-    return Endpoint("/decode", TEI, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)
+    return Endpoint("/decode", HF, "Token ids back to text (TEI)", answer, body=schema, prepare=prepare, errors=ERRORS)

@@ -1,3 +1,5 @@
+"""The server's tasks, one class each, chosen by the name the artifact's manifest records: tokens in, reduced rows
+out. What a route's body asks of a task is its operation's, in infinity/api/operations.py."""
 from __future__ import annotations
 
 from pathlib import Path

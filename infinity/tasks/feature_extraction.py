@@ -1,3 +1,5 @@
+"""Dense embeddings: the graph's token vectors pooled as the manifest says (unless the graph pools), optionally
+normalized, truncated to fewer dimensions, or answered in a narrower precision."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,3 +1,5 @@
+"""Ranking: a cross-encoder's (or a causal reranker's, through its template) score of each query-document pair; a
+document run in windows is scored by its best window."""
 from __future__ import annotations
 
 from collections.abc import Sequence

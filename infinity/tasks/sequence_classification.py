@@ -1,3 +1,4 @@
+"""Sequence classification: each text's (or pair's) scores, labelled with the manifest's labels, best first."""
 from __future__ import annotations
 
 from typing import Any
