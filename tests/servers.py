@@ -8,10 +8,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+from starlette.responses import Response
 
 from bench.process import WAIT, Server
+from infinity.errors import ErrorType
+from infinity.http.heads import canned
+from infinity.http.router import Permit
+from infinity.observe import Observers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +75,37 @@ class Reader:
 
     def closed(self) -> bool:
         return not self.buffer and self.sock.recv(1) == b""
+
+
+class Unrouted:
+    """A router with no inference routes, for a bare connection under a test's own app: every request goes
+    to the app, and errors are in a plain shape."""
+    observers = Observers()
+    max_body = 0
+
+    def route(self, line: bytes) -> str | None:
+        return None
+
+    def authorized(self, head: bytes) -> bool:
+        return True
+
+    def full(self) -> bool:
+        return False
+
+    def refusal(self, path: str) -> bytes:
+        return canned(429, {"error": "the server is at capacity; retry later"}, close=False)
+
+    def error(self, path: bytes, kind: ErrorType, message: str, status: int | None) -> tuple[int, dict[str, Any]]:
+        return status or kind.status, {"error": message, "error_type": kind.value}
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def admit(self, path: str) -> Permit | Response:
+        raise LookupError(f"no inference route {path}")
+
+    async def serve(self, path: str, body: bytes, permit: Any, gone: Callable[[], bool]) -> Response:
+        raise LookupError(f"no inference route {path}")
+
+    def closed(self, path: str) -> None:
+        pass

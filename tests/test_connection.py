@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from infinity.http.connection import Connection
-from infinity.http.router import Unrouted
 from infinity.http.server import limits
 from infinity.http.shared import Shared
 from infinity.settings import Settings
+from tests.servers import Unrouted
 
 ROOT = Path(__file__).resolve().parent.parent
 Scope = dict[str, Any]

@@ -17,8 +17,7 @@ import pytest
 from infinity.cli import build_parser, settings_from
 from infinity.errors import StartupError
 from infinity.http.guards import shed
-from infinity.http.router import Unrouted
-from tests.servers import ROOT, WAIT, Reader, Server, running
+from tests.servers import ROOT, WAIT, Reader, Server, Unrouted, running
 
 HEAD_LIMIT = 4096
 CONNECTIONS = 8

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from starlette.responses import Response
 
 from infinity.errors import ErrorType
-from infinity.http.heads import canned
 from infinity.observe import Observers
 
 
@@ -57,36 +56,3 @@ class Router(Protocol):
 
     def closed(self, path: str) -> None:
         """Counts a client that left before its answer was ready."""
-
-
-class Unrouted:
-    """No inference routes: every request goes to the app, and errors are in a plain shape (a bare server)."""
-    observers = Observers()
-    max_body = 0
-
-    def route(self, line: bytes) -> str | None:
-        return None
-
-    def authorized(self, head: bytes) -> bool:
-        return True
-
-    def full(self) -> bool:
-        return False
-
-    def refusal(self, path: str) -> bytes:
-        return canned(429, {"error": "the server is at capacity; retry later"}, close=False)
-
-    def error(self, path: bytes, kind: ErrorType, message: str, status: int | None) -> tuple[int, dict[str, Any]]:
-        return status or kind.status, {"error": message, "error_type": kind.value}
-
-    def rejected(self, reason: str) -> None:
-        pass
-
-    def admit(self, path: str) -> Permit | Response:
-        raise LookupError(f"no inference route {path}")
-
-    async def serve(self, path: str, body: bytes, permit: Any, gone: Callable[[], bool]) -> Response:
-        raise LookupError(f"no inference route {path}")
-
-    def closed(self, path: str) -> None:
-        pass
