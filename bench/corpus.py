@@ -1,6 +1,6 @@
 """A corpus of real prose with its natural spread of lengths: the docstrings of Python's standard library.
 
-    python -m bench corpus --out corpus.json [--count 600]
+    python -m bench corpus --out corpus.json [--count 600] [--min-tokens 256 --tokenizer TOKENIZER.json]
 
 A docstring of 30 words or more is a passage as an indexing job sends it: a paragraph to several pages. Every
 host has the same texts for the same Python version; write the corpus once and carry the file to compare hosts
@@ -50,13 +50,24 @@ def passages(root: Path) -> list[str]:
     return sorted(texts, key=lambda text: hashlib.sha256(text.encode()).digest())
 
 
-def build(root: Path | None = None, count: int = COUNT) -> list[str]:
-    """`count` distinct docstrings of at least MIN_WORDS words, picked by a hash of their text: the same corpus
-    for the same library on every host, in an order unrelated to length or module."""
+def build(root: Path | None = None, count: int = COUNT, min_tokens: int = 0,
+          tokenizer: Path | None = None) -> list[str]:
+    """`count` distinct docstrings of at least MIN_WORDS words (and `min_tokens` of `tokenizer`'s tokens, uncut),
+    picked by a hash of their text: the same corpus for the same library on every host, in an order unrelated to
+    length or module."""
     root = root or Path(sysconfig.get_paths()["stdlib"])
     ordered = passages(root)
+    if min_tokens:
+        if tokenizer is None:
+            raise ValueError("--min-tokens counts a tokenizer's tokens: give --tokenizer")
+        from tokenizers import Tokenizer
+
+        counter = Tokenizer.from_file(str(tokenizer))
+        counter.no_truncation()
+        ordered = [text for text in ordered if len(counter.encode(text).ids) >= min_tokens]
     if len(ordered) < count:
-        raise ValueError(f"{root} holds {len(ordered)} docstrings of {MIN_WORDS}+ words, fewer than {count}")
+        raise ValueError(f"{root} holds {len(ordered)} docstrings of {MIN_WORDS}+ words"
+                         f"{f' and {min_tokens}+ tokens' if min_tokens else ''}, fewer than {count}")
     return ordered[:count]
 
 
@@ -72,8 +83,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--count", type=int, default=COUNT)
     parser.add_argument("--root", type=Path, default=None, help="a folder of Python sources (default: the stdlib)")
+    parser.add_argument("--min-tokens", type=int, default=0, help="only texts of this many tokens or more")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="the tokenizer.json --min-tokens counts with")
     args = parser.parse_args()
-    texts = build(args.root, args.count)
+    texts = build(args.root, args.count, args.min_tokens, args.tokenizer)
     args.out.write_bytes(orjson.dumps(texts))
     words = sorted(len(text.split()) for text in texts)
     print(f"{len(texts)} texts, {words[0]}-{words[-1]} words (median {words[len(words) // 2]}) -> {args.out}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,19 @@ def test_the_corpus_is_distinct_passages_chosen_alike_on_every_run():
     assert texts == build(count=200) and len(set(texts)) == 200
     words = sorted(len(text.split()) for text in texts)
     assert words[0] >= MIN_WORDS and words[-1] > 5 * words[0]  # a natural spread, not one length
+
+
+def test_a_corpus_of_long_texts_holds_only_texts_of_that_many_tokens_uncut():
+    from tokenizers import Tokenizer
+
+    tokenizer = minilm_dir() / "tokenizer.json"
+    long = build(count=20, min_tokens=256, tokenizer=tokenizer)
+    counter = Tokenizer.from_file(str(tokenizer))
+    counter.no_truncation()
+    assert len(set(long)) == 20 and all(len(counter.encode(text).ids) >= 256 for text in long)
+    assert set(long) < set(passages(Path(sysconfig.get_paths()["stdlib"])))
+    with pytest.raises(ValueError, match="give --tokenizer"):
+        build(count=20, min_tokens=256)
 
 
 def test_layouts_split_the_cores_into_engines():
