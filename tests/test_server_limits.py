@@ -1,14 +1,16 @@
 """Limits below the app, on a real server over real sockets: request heads, connections, slow clients, the port."""
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -16,7 +18,10 @@ import pytest
 
 from infinity.cli import build_parser, settings_from
 from infinity.errors import StartupError
-from infinity.http.guards import shed
+from infinity.http.connection import Connection
+from infinity.http.server import limits
+from infinity.http.shared import Shared
+from infinity.settings import Settings
 from tests.servers import ROOT, WAIT, Reader, Server, Unrouted, running
 
 HEAD_LIMIT = 4096
@@ -231,6 +236,7 @@ def test_a_port_in_use_is_refused_before_the_model_loads(minilm_fp32_artifact: P
 
 class Shedding(Unrouted):
     """A router with one inference route, /predict, full or not, the key valid or not; it records its refusals."""
+    REFUSAL = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n"
 
     def __init__(self, full: bool = True, authorized: bool = True) -> None:
         self.is_full, self.is_authorized, self.counted = full, authorized, list[str]()
@@ -246,7 +252,7 @@ class Shedding(Unrouted):
 
     def refusal(self, path: str) -> bytes:
         self.counted.append(path)
-        return b"HTTP/1.1 429 Too Many Requests\r\n\r\n"
+        return self.REFUSAL
 
 
 def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str = "", version: str = "1.1") -> bytes:
@@ -254,30 +260,59 @@ def post(path: str = "/predict", body: bytes = b'{"inputs": "hi"}', extra: str =
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-@pytest.mark.parametrize("request_bytes, full, refused", [
-    (post(), True, True),
-    (post(extra="Connection: keep-alive\r\n"), True, True),
-    (post(), False, False),  # room left: the app admits it
-    (post("/health/live"), True, False),  # only inference routes are shed
-    (post(extra="Connection: close\r\n"), True, False),  # the usual path closes as asked
-    (post(version="1.0"), True, False),
-    (post()[:-3], True, False),  # the body has not all arrived: its rest must not be read as a request
-    (post() + post(), True, False),  # pipelined: the parser keeps the order of answers
-    (post(extra="Transfer-Encoding: chunked\r\n"), True, False),
+async def ok(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+             send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def first_head(router: Shedding, request_bytes: bytes, rest: bytes = b"") -> bytes:
+    """The head of the first answer a connection of the server gives to `request_bytes` (then `rest`), over a real
+    socket, under `router` and an app that answers 200 to anything it gets."""
+    shared = Shared(ok, keep_alive=5.0, limits=limits(Settings()), router=router)
+
+    async def main() -> bytes:
+        server = await asyncio.get_running_loop().create_server(lambda: Connection(shared), "127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            writer.write(request_bytes)
+            if rest:
+                await asyncio.sleep(0.05)
+                writer.write(rest)
+            head = await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            return head
+        finally:
+            server.close()
+
+    return asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+@pytest.mark.parametrize("request_bytes, rest, full, refused", [
+    (post(), b"", True, True),
+    (post(extra="Connection: keep-alive\r\n"), b"", True, True),
+    (post(), b"", False, False),  # room left: the app admits it
+    (post("/health/live"), b"", True, False),  # only inference routes are shed
+    (post(extra="Connection: close\r\n"), b"", True, False),  # the usual path closes as asked
+    (post(version="1.0"), b"", True, False),
+    (post()[:-3], post()[-3:], True, False),  # the body has not all arrived: its rest must not be read as a request
+    (post() + post(), b"", True, False),  # pipelined: the parser keeps the order of answers
+    (post(extra="Transfer-Encoding: chunked\r\n"), b"", True, False),
 ])
-def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(request_bytes: bytes, full: bool,
-                                                                            refused: bool) -> None:
+def test_overload_is_refused_on_the_socket_only_for_one_whole_plain_request(request_bytes: bytes, rest: bytes,
+                                                                            full: bool, refused: bool) -> None:
     router = Shedding(full)
-    end = request_bytes.find(b"\r\n\r\n") + 4
-    assert (shed(router, request_bytes, end) is not None) is refused
+    head = first_head(router, request_bytes, rest)
+    assert (head == Shedding.REFUSAL) is refused, head
     assert router.counted == (["/predict"] if refused else [])
 
 
 def test_a_request_without_a_valid_key_is_never_refused_on_the_socket() -> None:
     """It goes to the app, which answers 401 before counting any permit in flight."""
     router = Shedding(full=True, authorized=False)
-    request_bytes = post()
-    assert shed(router, request_bytes, request_bytes.find(b"\r\n\r\n") + 4) is None and router.counted == []
+    assert first_head(router, post()).startswith(b"HTTP/1.1 200 ") and router.counted == []
 
 
 def test_a_storm_gets_429s_in_the_route_shape_and_keeps_its_connections(minilm_fp32_artifact: Path,

@@ -22,11 +22,11 @@ from urllib.parse import unquote
 import httptools
 
 from infinity.errors import ErrorType
-from infinity.http import lane
 from infinity.http.exchange import Exchange
-from infinity.http.guards import Guard, room, shed
+from infinity.http.guards import Guard, room
 from infinity.http.heads import end_of_head, refusal, target_of
 from infinity.http.lane import LaneRequest
+from infinity.http.router import plain
 from infinity.http.shared import Flow, Shared
 
 log = logging.getLogger("infinity.http")
@@ -132,23 +132,26 @@ class Connection(asyncio.Protocol):
 
     def arrived(self, data: bytes, end: int) -> None:
         """A whole request head in one read (`data[:end]`, then its body), with no answer pending: the one point
-        where the lane may take the request, or a full server refuse it on the socket."""
+        where a plain request (`router.plain`) skips the parser. A full server refuses it on the socket if it is
+        exactly the bytes that arrived (a retry storm costs no parser callback, ASGI task or app: microseconds a
+        try); otherwise the lane takes it if its body is within the limit (larger: the app answers 413)."""
         router = self.shared.router
-        if self.shared.lane and (route := lane.taken(router, data, end)) is not None:
-            path, wanted = route
+        request = plain(router, data, end)
+        if request is not None and router.full():
+            if end + request.length == len(data):  # nothing pipelined behind it, nothing of its body still to come
+                # answered as a keep-alive response: the connection is idle again once its hold is over
+                self.guard.disarm()  # the head arrived: its deadline must not close the connection later
+                self.stop_keep_alive()
+                self.transport.write(router.refusal(request.path))
+                self.hold(self.rest)
+                return
+        elif request is not None and self.shared.lane and request.length <= router.max_body:
             self.stop_keep_alive()
-            self.taken = LaneRequest(self.shared, self.guard, self.client, path, data[:end], wanted, self.lane_done)
+            self.taken = LaneRequest(self.shared, self.guard, self.client, request.path, data[:end],
+                                     request.length, self.lane_done)
             self.taken.start(data, end)
             return
-        answer = shed(router, data, end)
-        if answer is None:
-            self.feed(data)
-            return
-        # answered as a keep-alive response: the connection is idle again once its hold is over
-        self.guard.disarm()  # the head arrived: its deadline must not close the connection later
-        self.stop_keep_alive()
-        self.transport.write(answer)
-        self.hold(self.rest)
+        self.feed(data)
 
     def gather(self, data: bytes) -> None:
         """A head arriving in pieces: to the parser once whole, refused once past the limit."""

@@ -12,29 +12,13 @@ import time
 from collections.abc import Callable
 
 from infinity.errors import ErrorType
-from infinity.http.heads import canned, declared_body, route_of
-from infinity.http.router import Router
+from infinity.http.heads import canned
 from infinity.http.shared import Flow, Shared
 
 log = logging.getLogger("infinity.http")
 
 LINGER_S = 1.0  # a refused client may read our answer (and we drop what it still sends) this long
 WARN_EVERY_S = 60.0
-
-
-def shed(router: Router, data: bytes, end: int) -> bytes | None:
-    """The 429 for `data` if it is exactly one whole plain request to an inference route and the server is full.
-
-    A retry storm is refused this way without a parser callback, an ASGI task or the app: microseconds a try, and
-    the event loop is left to the requests already admitted. A request without a valid key is never refused here:
-    the app answers it 401, before any permit in flight is counted."""
-    path = router.route(route_of(data))
-    if path is None or not router.full():
-        return None
-    length = declared_body(data, end)
-    if length is None or end + length != len(data) or not router.authorized(data[:end]):
-        return None  # anything but one plain, authorized HTTP/1.1 keep-alive request takes the usual path
-    return router.refusal(path)
 
 
 def room(shared: Shared) -> bool:

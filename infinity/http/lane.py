@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from infinity.errors import ErrorType
 from infinity.http.guards import Guard
-from infinity.http.heads import declared_body, header, route_of, serialized
-from infinity.http.router import Permit, Router
+from infinity.http.heads import header, serialized
+from infinity.http.router import Permit
 from infinity.http.shared import Shared
 from infinity.observe import Seen
 
@@ -32,19 +32,6 @@ def wire(response: Response, default_headers: list[tuple[bytes, bytes]], close: 
     headers, the request id."""
     return serialized(response.status_code, (*default_headers, *response.raw_headers, *extra), bytes(response.body),
                       close)
-
-
-def taken(router: Router, data: bytes, end: int) -> tuple[str, int] | None:
-    """(path, body length) if the lane answers the request whose whole head is `data[:end]`; None if the parser
-    takes it: the server is full (refused on the socket), not an inference route, not a plain sized POST, a body
-    past the limit (answered 413), or no valid key (answered 401)."""
-    if router.full():
-        return None
-    path = router.route(route_of(data))
-    wanted = declared_body(data, end) if path is not None else None
-    if path is None or wanted is None or wanted > router.max_body or not router.authorized(data[:end]):
-        return None
-    return path, wanted
 
 
 class LaneRequest:

@@ -9,11 +9,12 @@ A request without a valid key (`authorized`) always goes to the app, which answe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from starlette.responses import Response
 
 from infinity.errors import ErrorType
+from infinity.http.heads import declared_body, route_of
 from infinity.observe import Observers
 
 
@@ -56,3 +57,20 @@ class Router(Protocol):
 
     def closed(self, path: str) -> None:
         """Counts a client that left before its answer was ready."""
+
+
+class Plain(NamedTuple):
+    """A plain sized HTTP/1.1 keep-alive POST with a valid key (or none needed) to an inference route: the only
+    request the lane answers, or a full server refuses on the socket."""
+    path: str
+    length: int  # of its body, as its head declares
+
+
+def plain(router: Router, data: bytes, end: int) -> Plain | None:
+    """The whole head `data[:end]` read once: a `Plain` request, or None for anything else, which the parser takes
+    (and the app answers: 401 without a valid key, before any permit in flight is counted)."""
+    path = router.route(route_of(data))
+    length = declared_body(data, end) if path is not None else None
+    if path is None or length is None or not router.authorized(data[:end]):
+        return None
+    return Plain(path, length)
