@@ -1,5 +1,6 @@
-"""A multi-target bundle (infinity/bundle.py): each target built by the whole pipeline into a folder of its own, the
-files they have alike stored once, bundle.json beside them, published with one rename."""
+"""A multi-target bundle (infinity/bundle.py): each target's artifact as the pipeline writes it alone, in a folder of
+its own (the stages before quantize run once for all of them), the files they have alike stored once, bundle.json
+beside them, published with one rename."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ from pathlib import Path
 from infinity.artifact import sha256_file, write_atomically
 from infinity.bundle import Bundle, BundleTarget
 from infinity.manifest import Manifest
-from optimize.pipeline import Log, OptimizeOptions, ParityFailed, optimize
+from optimize.pipeline import Builds, Log, OptimizeOptions, ParityFailed
 from optimize.stages.s7_package import now
 
 
@@ -27,19 +28,21 @@ class BuiltBundle:
 
 def optimize_bundle(options: OptimizeOptions, targets: Sequence[str], log: Log = print) -> BuiltBundle:
     """One artifact per target (CPU targets, in preference order), each as `optimize` writes it alone, into
-    `options.out`/<target>, and bundle.json listing them; nothing is written unless every target is."""
+    `options.out`/<target>, and bundle.json listing them; nothing is written unless every target is. The stages
+    before quantize run once for all of them (`Builds`)."""
     out = Path(options.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     staging.chmod(0o755)  # readable by the unprivileged user the server runs as
     try:
         manifests = []
-        for index, name in enumerate(targets, 1):
-            log(f"multiverse: bundle target {index} of {len(targets)}: {name}")
-            try:
-                manifests.append(optimize(dataclasses.replace(options, target=name, out=staging / name), log))
-            except ParityFailed as exc:
-                raise ParityFailed(exc.result, f"target {name}: {exc}") from None
+        with Builds(log) as builds:
+            for index, name in enumerate(targets, 1):
+                log(f"multiverse: bundle target {index} of {len(targets)}: {name}")
+                try:
+                    manifests.append(builds.optimize(dataclasses.replace(options, target=name, out=staging / name)))
+                except ParityFailed as exc:
+                    raise ParityFailed(exc.result, f"target {name}: {exc}") from None
         apart = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
         shared = store_once(staging, list(targets))
         bundle = Bundle(targets=[BundleTarget(name=manifest.target.name, directory=name,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infinity.artifact import sha256_file, write_atomically
 from infinity.engine.hostinfo import cpu_flags, cpu_name
@@ -33,7 +34,7 @@ from optimize.measure.texts import HELDOUT_DESCRIPTION
 from optimize.presets import TargetPreset, resolve_target, tensorrt_profiles
 from optimize.stages.s1_load import load_source
 from optimize.stages.s2_export import export_onnx
-from optimize.stages.s3_fuse import fuse
+from optimize.stages.s3_fuse import FusionResult, fuse
 from optimize.stages.s4_reference import torch_reference
 from optimize.stages.s5_quantize.calibrate import Feeder
 from optimize.stages.s5_quantize.embeddings import quantize_embedding_tables
@@ -104,24 +105,74 @@ class Stages:
 
 
 def optimize(options: OptimizeOptions, log: Log = print) -> Manifest:
-    preset = resolve_target(options.target)
-    precision = Precision(options.precision or preset.default_precision)
-    if precision not in preset.precisions:
-        raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
-    task = task_for(options.task)
-    task.check_thresholds(options.thresholds or {})
-    out = Path(options.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o755)  # readable by the unprivileged user the server runs as
-    work = Path(tempfile.mkdtemp(prefix="multiverse-"))
-    try:
-        manifest = Build(options, preset, precision, task, Stages(log), staging, work, log).run()
-        write_atomically(staging, out)
-        return manifest
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(staging, ignore_errors=True)
+    with Builds(log) as builds:
+        return builds.optimize(options)
+
+
+class Builds:
+    """Artifacts of one model built in turn (a bundle's targets): builds whose options differ only in their CPU
+    target and `out` share one run of the stages before quantize (load, export, fuse, reference), since neither
+    the graphs nor PyTorch's answers depend on the instruction set."""
+
+    def __init__(self, log: Log = print) -> None:
+        self.log = log
+        self.work = Path(tempfile.mkdtemp(prefix="multiverse-"))
+        self.prepared: list[tuple[tuple[Any, ...], Prepared]] = []
+
+    def __enter__(self) -> Builds:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.prepared.clear()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def optimize(self, options: OptimizeOptions) -> Manifest:
+        """One artifact, written to `options.out` whole or not at all."""
+        preset = resolve_target(options.target)
+        precision = Precision(options.precision or preset.default_precision)
+        if precision not in preset.precisions:
+            raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
+        task = task_for(options.task)
+        task.check_thresholds(options.thresholds or {})
+        out = Path(options.out).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        staging.chmod(0o755)  # readable by the unprivileged user the server runs as
+        scratch = Path(tempfile.mkdtemp(dir=self.work))
+        try:
+            self.log(f"multiverse: {options.model} -> {task.name} for {preset.name} ({precision})")
+            build = Build(options, preset, precision, task, Stages(self.log), staging, scratch, self.log)
+            key = (dataclasses.replace(options, target="", out=Path()), precision, preset.is_gpu)
+            prepared = next((made for made_for, made in self.prepared if made_for == key), None)
+            if prepared is None:
+                prepared = build.prepare()
+                self.prepared.append((key, prepared))
+            else:
+                self.log(f"  {', '.join(prepared.seconds)}: shared with {prepared.target}'s build")
+            manifest = build.run(prepared)
+            write_atomically(staging, out)
+            return manifest
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@dataclass
+class Prepared:
+    """What every CPU target of one model and precision builds from, made once: the source, its tokenizer files,
+    the exported and fused graphs, PyTorch's answers on the search and held-out texts, and what those stages took."""
+    source: SourceModel
+    tokenizer: Path  # tokenizer.json and the `extra` files the artifact carries beside it
+    extra: list[str]
+    input_names: list[str]
+    exported: Path
+    fused: Path
+    fusion: FusionResult
+    search_inputs: list[TextInput]
+    reference: Outputs
+    heldout: list[TextInput]
+    heldout_reference: Outputs
+    seconds: dict[str, float]
+    target: str  # the build that made it
 
 
 @dataclass
@@ -144,10 +195,10 @@ class Build:
     work: Path     # scratch graphs
     log: Log
 
-    def run(self) -> Manifest:
-        self.log(f"multiverse: {self.options.model} -> {self.task.name} for {self.preset.name} ({self.precision})")
+    def prepare(self) -> Prepared:
+        """The stages before quantize: load, export, fuse, reference."""
         source, extra = self.load()
-        exported, fused, final = self.work / "exported.onnx", self.work / "fused.onnx", self.staging / "model.onnx"
+        exported, fused = self.work / "exported.onnx", self.work / "fused.onnx"
         with self.stages.stage("export"):
             input_names, _ = export_onnx(source, exported, self.options.external_data_bytes)
         with self.stages.stage("fuse"):
@@ -161,14 +212,24 @@ class Build:
         with self.stages.stage("reference"):
             reference = torch_reference(source, search_inputs) if search_inputs else []
             heldout_reference = torch_reference(source, heldout)
-        draft = self.draft(source, input_names, extra, fused)
+        return Prepared(source, self.work / "tokenizer", extra, input_names, exported, fused, fusion, search_inputs,
+                        reference, heldout, heldout_reference, dict(self.stages.seconds), self.preset.name)
+
+    def run(self, prepared: Prepared) -> Manifest:
+        """The target's own stages on what `prepare` made: quantize, validate, package."""
+        self.stages.seconds = {**prepared.seconds, **self.stages.seconds}
+        source, fusion, fused, final = prepared.source, prepared.fusion, prepared.fused, self.staging / "model.onnx"
+        for name in ("tokenizer.json", *prepared.extra):
+            shutil.copy(prepared.tokenizer / name, self.staging / name)
+        draft = self.draft(source, prepared.input_names, prepared.extra, fused)
         tokenizer = artifact_tokenizer(self.staging, draft)  # as served: calibration and every graph tried
         with self.stages.stage("quantize"):
-            quantized = self.quantize(draft, tokenizer, fused, final, search_inputs, reference)
+            quantized = self.quantize(draft, tokenizer, fused, final, prepared.search_inputs, prepared.reference)
             weights_beside(final)
         notes = [*fusion.gaps, *self.task.notes(source), *fusion.notes, *quantized.notes]
         with self.stages.stage("validate"):
-            checked, facts = self.validate(draft, tokenizer, final, heldout, heldout_reference, notes)
+            checked, facts = self.validate(draft, tokenizer, final, prepared.heldout, prepared.heldout_reference,
+                                           notes)
         if not checked.result.passed:
             report = "parity failed:\n" + "\n".join(f"  - {f}" for f in checked.result.failures)
             if not self.options.allow_failed_parity:
@@ -179,26 +240,26 @@ class Build:
                 draft, model=describe_model(final, self.precision), task=facts,
                 optimization=Optimization(fusion=fusion.stats, fusion_gaps=fusion.gaps, quantization=quantized.record,
                                           kept_float=quantized.kept_float, stage_seconds=self.stages.seconds,
-                                          notes=notes, exported_bytes=model_bytes(exported),
+                                          notes=notes, exported_bytes=model_bytes(prepared.exported),
                                           fusion_model_type=fusion.model_type),
                 parity=self.parity(draft.parity, checked), created_at=now())
             manifest.save(self.staging)
         return manifest
 
     def load(self) -> tuple[SourceModel, list[str]]:
-        """The source model, and its tokenizer written into the artifact (with the extra files it names)."""
+        """The source model, and its tokenizer written for the artifact (with the extra files it names) into
+        work/tokenizer."""
         options = self.options
         with self.stages.stage("load"):
             source = load_source(options.model, self.task.name, options.pooling, options.model_id,
                                  options.trust_remote_code, options.reranker_template)
             if source.facts.reranker is not None and self.precision == Precision.INT8:
                 raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
-            source.tokenizer.backend_tokenizer.save(str(self.staging / "tokenizer.json"))
             source.tokenizer.save_pretrained(str(self.work / "tokenizer"))
+            # the fast tokenizer's own file, as the server loads it (save_pretrained's may differ)
+            source.tokenizer.backend_tokenizer.save(str(self.work / "tokenizer" / "tokenizer.json"))
             extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
                      if (self.work / "tokenizer" / name).is_file()]
-            for name in extra:
-                shutil.copy(self.work / "tokenizer" / name, self.staging / name)
         return source, extra
 
     def draft(self, source: SourceModel, input_names: list[str], extra: list[str], fused: Path) -> Manifest:

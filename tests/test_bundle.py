@@ -391,3 +391,28 @@ def test_a_target_that_fails_parity_fails_the_bundle_and_nothing_is_written(arti
                        "--out", str(out)]) == 3
     assert "multiverse: target icelake: parity failed" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # neither the bundle nor its staging folder
+
+
+@pytest.mark.slow
+def test_the_targets_share_the_stages_before_quantize(artifacts: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Load, export, fuse and reference run once for the bundle; each target's artifact is still the one it
+    would be alone (the same graph and tokenizer files as `--target avx2` writes, its own stages after)."""
+    from optimize.cli import main as multiverse
+
+    source = str(artifacts.source("distilbert-tiny"))
+    common = ["--task", "sequence-classification", "--precision", "fp32"]
+    assert multiverse(["optimize", source, *common, "--target", "avx2,icelake", "--out", str(tmp_path / "b")]) == 0
+    printed = capsys.readouterr().out
+    assert [printed.count(f"[{stage}] done") for stage in ("load", "export", "fuse", "reference")] == [1, 1, 1, 1]
+    assert printed.count("[quantize] done") == printed.count("[validate] done") == 2
+    assert "  load, export, fuse, reference: shared with icelake's build" in printed
+    first, second = (Manifest.load(tmp_path / "b" / name) for name in REAL)
+    shared = ("load", "export", "fuse", "reference")
+    assert [first.optimization.stage_seconds[s] for s in shared] == [second.optimization.stage_seconds[s]
+                                                                    for s in shared]
+    assert multiverse(["optimize", source, *common, "--target", "avx2", "--out", str(tmp_path / "alone")]) == 0
+    alone = Manifest.load(tmp_path / "alone")
+    assert second.model.sha256 == alone.model.sha256 and second.tokenizer == alone.tokenizer
+    assert sorted(p.name for p in (tmp_path / "b" / "avx2").iterdir()) == sorted(
+        p.name for p in (tmp_path / "alone").iterdir())
