@@ -138,14 +138,14 @@ class Builds:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         staging.chmod(0o755)  # readable by the unprivileged user the server runs as
-        scratch = Path(tempfile.mkdtemp(dir=self.work))
+        scratch = Path(tempfile.mkdtemp(dir=self.work))  # the target's own: gone once it is written
         try:
             self.log(f"multiverse: {options.model} -> {task.name} for {preset.name} ({precision})")
             build = Build(options, preset, precision, task, Stages(self.log), staging, scratch, self.log)
             key = (dataclasses.replace(options, target="", out=Path()), precision, preset.is_gpu)
             prepared = next((made for made_for, made in self.prepared if made_for == key), None)
             if prepared is None:
-                prepared = build.prepare()
+                prepared = build.prepare(Path(tempfile.mkdtemp(dir=self.work)))
                 self.prepared.append((key, prepared))
             else:
                 self.log(f"  {', '.join(prepared.seconds)}: shared with {prepared.target}'s build")
@@ -154,6 +154,7 @@ class Builds:
             return manifest
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass
@@ -192,13 +193,13 @@ class Build:
     task: OptimizerTask
     stages: Stages
     staging: Path  # the artifact directory being written
-    work: Path     # scratch graphs
+    work: Path     # scratch graphs of the target's own stages
     log: Log
 
-    def prepare(self) -> Prepared:
-        """The stages before quantize: load, export, fuse, reference."""
-        source, extra = self.load()
-        exported, fused = self.work / "exported.onnx", self.work / "fused.onnx"
+    def prepare(self, into: Path) -> Prepared:
+        """The stages before quantize: load, export, fuse, reference; their files in `into`."""
+        source, extra = self.load(into / "tokenizer")
+        exported, fused = into / "exported.onnx", into / "fused.onnx"
         with self.stages.stage("export"):
             input_names, _ = export_onnx(source, exported, self.options.external_data_bytes)
         with self.stages.stage("fuse"):
@@ -212,7 +213,7 @@ class Build:
         with self.stages.stage("reference"):
             reference = torch_reference(source, search_inputs) if search_inputs else []
             heldout_reference = torch_reference(source, heldout)
-        return Prepared(source, self.work / "tokenizer", extra, input_names, exported, fused, fusion, search_inputs,
+        return Prepared(source, into / "tokenizer", extra, input_names, exported, fused, fusion, search_inputs,
                         reference, heldout, heldout_reference, dict(self.stages.seconds), self.preset.name)
 
     def run(self, prepared: Prepared) -> Manifest:
@@ -246,20 +247,20 @@ class Build:
             manifest.save(self.staging)
         return manifest
 
-    def load(self) -> tuple[SourceModel, list[str]]:
-        """The source model, and its tokenizer written for the artifact (with the extra files it names) into
-        work/tokenizer."""
+    def load(self, tokenizer: Path) -> tuple[SourceModel, list[str]]:
+        """The source model, and its tokenizer written for the artifact into `tokenizer`, with the extra files it
+        names."""
         options = self.options
         with self.stages.stage("load"):
             source = load_source(options.model, self.task.name, options.pooling, options.model_id,
                                  options.trust_remote_code, options.reranker_template)
             if source.facts.reranker is not None and self.precision == Precision.INT8:
                 raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
-            source.tokenizer.save_pretrained(str(self.work / "tokenizer"))
+            source.tokenizer.save_pretrained(str(tokenizer))
             # the fast tokenizer's own file, as the server loads it (save_pretrained's may differ)
-            source.tokenizer.backend_tokenizer.save(str(self.work / "tokenizer" / "tokenizer.json"))
+            source.tokenizer.backend_tokenizer.save(str(tokenizer / "tokenizer.json"))
             extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json")
-                     if (self.work / "tokenizer" / name).is_file()]
+                     if (tokenizer / name).is_file()]
         return source, extra
 
     def draft(self, source: SourceModel, input_names: list[str], extra: list[str], fused: Path) -> Manifest:
