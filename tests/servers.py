@@ -2,10 +2,11 @@
 them."""
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,13 @@ from starlette.responses import Response
 
 from bench.process import WAIT, Server
 from infinity.errors import ErrorType
+from infinity.http.connection import Connection
 from infinity.http.heads import canned
 from infinity.http.router import Permit
+from infinity.http.server import limits
+from infinity.http.shared import Shared
 from infinity.observe import Observers
+from infinity.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,3 +114,20 @@ class Unrouted:
 
     def closed(self, path: str) -> None:
         pass
+
+
+def connections(app: Any, check: Callable[[str, int], Awaitable[None]], router: Any = None,
+                keep_alive: float = 5.0) -> Shared:
+    """Run `check(host, port)` against a server of the transport's connections on 127.0.0.1, under `app` (ASGI) and
+    `router` (default: `Unrouted`); the server's shared state."""
+    shared = Shared(app, keep_alive=keep_alive, limits=limits(Settings()), router=router or Unrouted())
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(lambda: Connection(shared), "127.0.0.1", 0)
+        try:
+            await asyncio.wait_for(check(*server.sockets[0].getsockname()[:2]), 20)
+        finally:
+            server.close()
+
+    asyncio.run(main())
+    return shared

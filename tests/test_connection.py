@@ -11,11 +11,7 @@ from typing import Any
 
 import pytest
 
-from infinity.http.connection import Connection
-from infinity.http.server import limits
-from infinity.http.shared import Shared
-from infinity.settings import Settings
-from tests.servers import Unrouted
+from tests.servers import connections
 
 ROOT = Path(__file__).resolve().parent.parent
 Scope = dict[str, Any]
@@ -50,21 +46,6 @@ async def app(scope: Scope, receive: Callable[[], Awaitable[dict[str, Any]]],
     await send({"type": "http.response.body", "body": answer})
 
 
-def serving(check: Callable[[str, int], Awaitable[None]], keep_alive: float = 5.0) -> Shared:
-    """Run `check(host, port)` against a server of plain connections on 127.0.0.1; the server's shared state."""
-    shared = Shared(app, keep_alive=keep_alive, limits=limits(Settings()), router=Unrouted())
-
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(lambda: Connection(shared), "127.0.0.1", 0)
-        try:
-            await asyncio.wait_for(check(*server.sockets[0].getsockname()[:2]), 20)
-        finally:
-            server.close()
-
-    asyncio.run(main())
-    return shared
-
-
 def request(path: str, body: bytes = b"", method: str = "POST", extra: str = "", version: str = "1.1") -> bytes:
     return (f"{method} {path} HTTP/{version}\r\nHost: x\r\n{extra}Content-Length: {len(body)}\r\n\r\n".encode()
             + body)
@@ -95,7 +76,7 @@ def test_pipelined_requests_are_answered_in_the_order_they_came() -> None:
         assert bodies == [b"/slow 5", b"/fast 7", b"one two three"]
         writer.close()
 
-    serving(check)
+    connections(app, check)
 
 
 def test_a_streamed_answer_is_chunked_and_a_head_request_gets_no_body() -> None:
@@ -111,7 +92,7 @@ def test_a_streamed_answer_is_chunked_and_a_head_request_gets_no_body() -> None:
         assert (await answer(reader))[1] == b"/after 1"
         writer.close()
 
-    serving(check)
+    connections(app, check)
 
 
 def test_a_large_body_arrives_whole_through_paused_reads() -> None:
@@ -123,7 +104,7 @@ def test_a_large_body_arrives_whole_through_paused_reads() -> None:
         assert (await answer(reader))[1] == b"/big 3000000"
         writer.close()
 
-    serving(check)
+    connections(app, check)
 
 
 def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> None:
@@ -136,7 +117,7 @@ def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> None:
         assert (await answer(reader))[1] == b"/wait 4"
         writer.close()
 
-    serving(check)
+    connections(app, check)
 
 
 @pytest.mark.parametrize("path", ["/fail", "/mute"])
@@ -153,7 +134,7 @@ def test_an_app_that_fails_or_does_not_answer_gets_a_500_and_the_server_goes_on(
         assert (await answer(reader))[1] == b"/next 0"
         writer.close()
 
-    serving(check)
+    connections(app, check)
     assert any(path in record.getMessage() for record in caplog.records if record.levelname == "ERROR")
 
 
@@ -171,7 +152,7 @@ def test_http_1_0_is_answered_then_closed_and_an_idle_connection_is_closed_after
         assert await reader.read() == b""  # closed by the server once idle for keep_alive seconds
         assert asyncio.get_running_loop().time() - started >= 0.15
 
-    shared = serving(check, keep_alive=0.2)
+    shared = connections(app, check, keep_alive=0.2)
     assert not shared.connections and not shared.tasks
 
 

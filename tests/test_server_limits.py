@@ -18,11 +18,7 @@ import pytest
 
 from infinity.cli import build_parser, settings_from
 from infinity.errors import StartupError
-from infinity.http.connection import Connection
-from infinity.http.server import limits
-from infinity.http.shared import Shared
-from infinity.settings import Settings
-from tests.servers import ROOT, WAIT, Reader, Server, Unrouted, running
+from tests.servers import ROOT, WAIT, Reader, Server, Unrouted, connections, running
 
 HEAD_LIMIT = 4096
 CONNECTIONS = 8
@@ -271,23 +267,19 @@ async def ok(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, An
 def first_head(router: Shedding, request_bytes: bytes, rest: bytes = b"") -> bytes:
     """The head of the first answer a connection of the server gives to `request_bytes` (then `rest`), over a real
     socket, under `router` and an app that answers 200 to anything it gets."""
-    shared = Shared(ok, keep_alive=5.0, limits=limits(Settings()), router=router)
+    heads = []
 
-    async def main() -> bytes:
-        server = await asyncio.get_running_loop().create_server(lambda: Connection(shared), "127.0.0.1", 0)
-        try:
-            reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
-            writer.write(request_bytes)
-            if rest:
-                await asyncio.sleep(0.05)
-                writer.write(rest)
-            head = await reader.readuntil(b"\r\n\r\n")
-            writer.close()
-            return head
-        finally:
-            server.close()
+    async def check(host: str, port: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request_bytes)
+        if rest:
+            await asyncio.sleep(0.05)
+            writer.write(rest)
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.close()
 
-    return asyncio.run(asyncio.wait_for(main(), WAIT))
+    connections(ok, check, router)
+    return heads[0]
 
 
 @pytest.mark.parametrize("request_bytes, rest, full, refused", [
