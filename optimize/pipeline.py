@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from infinity.artifact import sha256_file, write_atomically
 from infinity.engine.hostinfo import cpu_flags, cpu_name
@@ -117,7 +116,8 @@ class Builds:
     def __init__(self, log: Log = print) -> None:
         self.log = log
         self.work = Path(tempfile.mkdtemp(prefix="multiverse-"))
-        self.prepared: list[tuple[tuple[Any, ...], Prepared]] = []
+        # (the options but target and out, precision, GPU or not) -> what prepare made for them
+        self.prepared: list[tuple[tuple[OptimizeOptions, Precision, bool], Prepared]] = []
 
     def __enter__(self) -> Builds:
         return self
