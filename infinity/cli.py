@@ -190,11 +190,13 @@ def serve(directory: Path, settings: Settings, startup: Startup) -> int:
     settings = dataclasses.replace(settings, threads=threads)
     directory, selection = choose(directory, settings)  # a bundle: the target this CPU fits best
     check(directory, settings, selection)
-    sock = bind(settings.host, settings.port)
     startup.mark("checks")
+    model = open_checked(directory, settings, threads, startup)
+    model.bundle = selection
+    # the port is taken once the artifact has passed every check: a broken one is refused as such, whether or not
+    # another process holds the port
+    sock = bind(settings.host, settings.port)
     try:
-        model = open_checked(directory, settings, threads, startup)
-        model.bundle = selection
         router = Router.build(model, settings)
         app = create_app(router)
         startup.mark("routes")

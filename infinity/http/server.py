@@ -34,7 +34,8 @@ LANE = True  # `python -m bench lane` turns the lane off to measure every reques
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """Bind (not yet listen) before the model loads: a port in use is refused in one line, at once."""
+    """Bind (not yet listen) once the model has loaded, before the routes are built: a port in use is refused in one
+    line."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
