@@ -6,15 +6,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from infinity.api.operations import operation_for
+from infinity.api import operation_for
 from infinity.engine.model import LoadedModel
-from infinity.schema import Object
 
 
 def predict(model: LoadedModel, inputs: Any, parameters: dict[str, Any] | None = None) -> Any:
     operation = operation_for(model.task)
-    inputs = operation.inputs(sys.maxsize).check(inputs, "inputs")
-    params = Object(operation.parameters(), fill_defaults=False).check(parameters or {}, "parameters")
-    parsed = operation.parse(inputs, params)
-    encoded = model.encode(operation.request(parsed.inputs, params))
-    return operation.respond(model.forward(encoded), parsed, encoded)
+    parsed = operation.parse(operation.inputs(sys.maxsize).check(inputs, "inputs"), parameters)
+    encoded = model.encode(operation.request(parsed))
+    return operation.render(operation.answer(model.forward(encoded), encoded, parsed), parsed)

@@ -24,7 +24,8 @@ COHERE_TRUNCATE = {"right": "END", "left": "START"}
 # Each case: /predict's parameters. A family that cannot say one of them is not asked that case.
 EMBEDDING_CASES = [{}, {"prompt_name": "query"}, {"prompt_name": "document"}, {"dimensions": 8},
                    {"truncation_direction": "left"}, {"normalize": False}, {"precision": "ubinary"}]
-RANKING_CASES = [{}, {"chunking": True}, {"truncation_direction": "left"}, {"raw_scores": True}]
+RANKING_CASES = [{}, {"chunking": True}, {"truncation_direction": "left"}, {"raw_scores": True},
+                 {"max_tokens_per_doc": 8}, {"max_tokens_per_doc": 8, "chunking": True}]
 Answer = Callable[[httpx.Response], Any]
 
 
@@ -90,8 +91,7 @@ def dense_routes(server: Server, params: dict[str, Any], normalize: bool, hybrid
     heads = {"outputs": ["dense"]} if hybrid else {}
     routes = {label: (path, body, (lambda r, extract=extract: [a["dense"] for a in extract(r)]) if hybrid else extract)
               for label, (path, body, extract) in platform_routes(server, TEXTS, {**params, **heads}).items()}
-    if "precision" not in params:  # KServe answers FP32 tensors
-        routes.update(kserve_route(server, {"text": TEXTS}, params, lambda data: data))
+    routes.update(kserve_route(server, {"text": TEXTS}, params, lambda data: data))
     if "truncation_direction" not in params and "normalize" not in params:  # OpenAI's body has neither
         fields = {"dimensions", "prompt_name", "chunking", "precision"}
         openai = {"input": TEXTS, "model": "any", **{k: v for k, v in params.items() if k in fields}}
@@ -210,19 +210,26 @@ def ranking_routes(server: Server, params: dict[str, Any]) -> dict[str, Any]:
     routes = {label: (path, body, lambda r, extract=extract: by_index(extract(r)))
               for label, (path, body, extract) in platform_routes(server, inputs, params, "one").items()}
     routes.update(kserve_route(server, {"query": [QUERY], "text": TEXTS}, params, lambda data: data.tolist()))
-    routes["tei /rerank"] = ("/rerank", {**inputs, **params}, lambda r: by_index(r.json()))
+    if "max_tokens_per_doc" not in params:  # TEI's /rerank has no such field
+        routes["tei /rerank"] = ("/rerank", {**inputs, **params}, lambda r: by_index(r.json()))
     if "raw_scores" not in params and "truncation_direction" not in params:
         cohere = {"query": QUERY, "documents": TEXTS, **{k: v for k, v in params.items()
-                                                          if k in ("chunking", "instruction")}}
+                                                          if k in ("chunking", "instruction", "max_tokens_per_doc")}}
         for path in ("/v1/rerank", "/v2/rerank"):
             routes[f"cohere {path}"] = (path, cohere, lambda r: by_index(r.json()["results"], "relevance_score"))
     return routes
 
 
-def check_ranking(server: Server, params: dict[str, Any]) -> None:
+def scores(server: Server, params: dict[str, Any]) -> list[float]:
     answer = post(server, "/predict", {"inputs": {"query": QUERY, "texts": TEXTS}, "parameters": params}).json()
-    expected = [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
+    return [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
+
+
+def check_ranking(server: Server, params: dict[str, Any]) -> None:
+    expected = scores(server, params)
     check(server, expected, ranking_routes(server, params))
+    if "max_tokens_per_doc" in params:  # a route that dropped it would answer the long text's whole score
+        assert not same(expected, scores(server, {k: v for k, v in params.items() if k != "max_tokens_per_doc"}))
 
 
 @pytest.fixture(scope="module")

@@ -1,81 +1,35 @@
-"""Every route this artifact serves, by API family; routes of other tasks answer 404 saying why."""
+"""Every route this artifact serves, by API family, from the one registry of the tasks' operations; routes of other
+tasks answer 404 saying why."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from infinity.api import cohere, hf, kserve, openai, ops, sagemaker, tei, vertex
-from infinity.api.endpoint import Endpoint, Family, not_served
+from infinity.api import hf, kserve, openai, ops, sagemaker, tei, vertex
+from infinity.api.endpoint import Endpoint, not_served
+from infinity.api.operations.base import Operation, Served
+from infinity.api.operations.feature_extraction import FeatureExtractionOperation
+from infinity.api.operations.hybrid_embedding import HybridEmbeddingOperation
+from infinity.api.operations.multi_vector import MultiVectorOperation
+from infinity.api.operations.ranking import RankingOperation
+from infinity.api.operations.sequence_classification import SequenceClassificationOperation
+from infinity.api.operations.sparse_embedding import SparseEmbeddingOperation
+from infinity.api.operations.token_classification import TokenClassificationOperation
 from infinity.engine.model import LoadedModel
 from infinity.errors import StartupError
 from infinity.manifest import TaskName
 from infinity.settings import Settings
 from infinity.tasks import Task
-from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.hybrid_embedding import HybridEmbedding
-from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
-from infinity.tasks.ranking import Ranking
-from infinity.tasks.sparse_embedding import SparseEmbedding
+
+# By the task's name, in the order a path two tasks serve names the first of them in another task's 404.
+OPERATIONS: dict[TaskName, type[Operation[Any, Any]]] = {operation.name: operation for operation in (
+    FeatureExtractionOperation, SparseEmbeddingOperation, RankingOperation, HybridEmbeddingOperation,
+    MultiVectorOperation, SequenceClassificationOperation, TokenClassificationOperation)}
 
 
-@dataclass(frozen=True)
-class Served:
-    """What a task's own routes are built with."""
-    limit: int
-    vocabulary: int
-    name: str
-    settings: Settings
-
-
-def dense(task: FeatureExtraction, at: Served) -> list[Endpoint]:
-    tokens = [tei.embed_all(task, at.limit)] if task.answers_tokens else []
-    return [*openai.embeddings(task, at.limit, at.vocabulary, at.name, at.settings.openai_token_ids),
-            tei.embed(task, at.limit), *tokens, *cohere.embed_endpoints(task, at.limit)]
-
-
-def hybrid(task: HybridEmbedding, at: Served) -> list[Endpoint]:
-    return [*dense(task, at), tei.embed_sparse(task, at.limit)]
-
-
-def sparse(task: SparseEmbedding, at: Served) -> list[Endpoint]:
-    return [tei.embed_sparse(task, at.limit)]
-
-
-def multi_vector(task: MultiVectorEmbedding, at: Served) -> list[Endpoint]:
-    return [tei.embed_all(task, at.limit)]
-
-
-def ranking(task: Ranking, at: Served) -> list[Endpoint]:
-    return [tei.rerank(task, at.limit), *cohere.endpoints(task, at.limit)]
-
-
-def classification(task: Task, at: Served) -> list[Endpoint]:
-    return []
-
-
-@dataclass(frozen=True)
-class TaskRoutes:
-    """A task's routes beyond /predict's family and those every task has: how they are built, and each one's path
-    in its family, which a server of another task answers 404 naming the task that serves it."""
-    build: Callable[[Any, Served], list[Endpoint]]
-    paths: tuple[tuple[str, Family], ...] = ()
-
-
-EMBEDDINGS = (*((path, openai.OPENAI) for path in openai.EMBEDDINGS), (tei.EMBED, hf.HF), (tei.EMBED_ALL, hf.HF),
-              *((path, cohere.COHERE) for path in cohere.EMBED))
-
-# By the task's name; where two tasks serve a path, a server of neither names the first.
-TASK_ROUTES: dict[TaskName, TaskRoutes] = {
-    TaskName.FEATURE_EXTRACTION: TaskRoutes(dense, EMBEDDINGS),
-    TaskName.SPARSE_EMBEDDING: TaskRoutes(sparse, ((tei.EMBED_SPARSE, hf.HF),)),
-    TaskName.RANKING: TaskRoutes(ranking, ((tei.RERANK, hf.HF), *((path, cohere.COHERE) for path in cohere.RERANK))),
-    TaskName.HYBRID_EMBEDDING: TaskRoutes(hybrid, (*EMBEDDINGS, (tei.EMBED_SPARSE, hf.HF))),
-    TaskName.MULTI_VECTOR: TaskRoutes(multi_vector, ((tei.EMBED_ALL, hf.HF),)),
-    TaskName.SEQUENCE_CLASSIFICATION: TaskRoutes(classification),
-    TaskName.TOKEN_CLASSIFICATION: TaskRoutes(classification)}
+def operation_for(task: Task) -> Operation[Any, Any]:
+    return OPERATIONS[TaskName(task.name)](task)
 
 
 def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
@@ -84,16 +38,18 @@ def endpoints(model: LoadedModel, settings: Settings) -> list[Endpoint]:
     name = ops.served_name(model.manifest, settings)
     if isinstance(task, PromptedTask) and settings.default_prompt_name is not None:
         task.use_default_prompt(settings.default_prompt_name)
-    served = hf.endpoints(task, limit)
-    served += TASK_ROUTES[TaskName(task.name)].build(task, Served(limit, tokenizer.vocab_size, name, settings))
-    served += [openai.models(name, int(time.time()), not settings.public_metadata), tei.tokenize(tokenizer, limit),
-               tei.decode(tokenizer, limit)]
-    served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(task, limit)
-    served += kserve.endpoints(task, ops.served_name(model.manifest, settings), limit, settings.public_metadata)
-    return served + platform_routes(served, task, limit, settings)
+    operation = operation_for(task)
+    served = hf.endpoints(operation, limit)
+    served += operation.routes(Served(limit, tokenizer.vocab_size, name, settings))
+    served += [openai.models(name, int(time.time()), not settings.public_metadata),
+               tei.tokenize(tokenizer, limit), tei.decode(tokenizer, limit)]
+    served += ops.endpoints(settings.public_metadata) + sagemaker.endpoints(operation, limit)
+    served += kserve.endpoints(operation, name, limit, settings.public_metadata)
+    return served + platform_routes(served, operation, limit, settings)
 
 
-def platform_routes(served: list[Endpoint], task: Task, limit: int, settings: Settings) -> list[Endpoint]:
+def platform_routes(served: list[Endpoint], operation: Operation[Any, Any], limit: int,
+                    settings: Settings) -> list[Endpoint]:
     """Vertex AI's routes, named by the deployment: a health route may be one we serve already, nothing else."""
     paths = {endpoint.path: endpoint for endpoint in served}
     predict, health = settings.vertex_predict_route, settings.vertex_health_route
@@ -101,15 +57,15 @@ def platform_routes(served: list[Endpoint], task: Task, limit: int, settings: Se
         raise StartupError(f"the Vertex AI predict route {predict} is taken by another route; choose another")
     if health in paths and paths[health].view is not ops.ready:
         raise StartupError(f"the Vertex AI health route {health} is taken by another route; choose another")
-    return vertex.endpoints(task, limit, predict, health, set(paths))
+    return vertex.endpoints(operation, limit, predict, health, set(paths))
 
 
 def elsewhere(served: list[Endpoint], task: str) -> list[Endpoint]:
     """Routes of the other tasks, each answering 404 in its family's error shape."""
     paths = {endpoint.path for endpoint in served}
     result = []
-    for name, routes in TASK_ROUTES.items():
-        for path, family in routes.paths:
+    for name, operation in OPERATIONS.items():
+        for path, family in operation.paths:
             if path not in paths:
                 paths.add(path)
                 result.append(Endpoint(path, family, "", {}, view=not_served(path, family, name.value, task)))

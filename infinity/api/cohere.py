@@ -2,16 +2,20 @@
 embed API on /v1/embed and /v2/embed, with the embedding types it names (float, int8, uint8, binary, ubinary)."""
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.operations import FeatureExtractionOperation, RankingOperation, pairs
+from infinity.api.operations.base import Parsed, pairs
+from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
-from infinity.tasks import Job
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
-from infinity.tasks.ranking import Ranking
+
+if TYPE_CHECKING:
+    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
+    from infinity.api.operations.ranking import RankingOperation
 
 COHERE = Family("cohere", ErrorBody({"message": MESSAGE, "error_type": TYPE}))
 ERRORS = {400: "Empty query or documents",
@@ -25,6 +29,9 @@ PROMPTS = {"search_query": ("search_query", "query"), "search_document": ("searc
            "classification": ("classification",), "clustering": ("clustering",)}
 TRUNCATE: dict[str, dict[str, Any]] = {"NONE": {"truncate": False}, "START": {"truncation_direction": "left"},
                                        "END": {}}
+# /predict's name for each of Cohere's rerank fields that are parameters
+RERANK_PARAMETERS = {"top_n": "top_n", "return_documents": "return_text", "instruction": "instruction",
+                     "max_tokens_per_doc": "max_tokens_per_doc", "chunking": "chunking"}
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
@@ -42,20 +49,21 @@ def body_schema(operation: RankingOperation, limit: int) -> Object:
     }, required=("query", "documents"))
 
 
-def endpoints(task: Ranking, limit: int) -> list[Endpoint]:
-    operation = RankingOperation(task)
-
+def endpoints(operation: RankingOperation, limit: int) -> list[Endpoint]:
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
+        values = {ours: body[theirs] for theirs, ours in RERANK_PARAMETERS.items() if theirs in body}
+        parsed = Parsed(pairs(body["query"], texts), operation.params(values))
 
         def render(result: Result) -> Any:
+            ranked = operation.answer(result.rows, result.encoded, parsed)
             results = [{"index": i, "relevance_score": score,
-                        **({"document": {"text": texts[i]}} if body["return_documents"] else {})}
-                       for i, score in task.ranked(result.rows, top_n=body.get("top_n"))]
+                        **({"document": {"text": texts[i]}} if ranked.texts is not None else {})}
+                       for i, score in ranked.best()]
             return {"id": str(uuid.uuid4()), "results": results,
                     "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}}}
 
-        return operation.request(pairs(body["query"], texts), body), render
+        return operation.request(parsed), render
 
     item = {"type": "object", "required": ["index", "relevance_score"], "properties": {
         "index": {"type": "integer"}, "relevance_score": {"type": "number"},
@@ -72,8 +80,8 @@ def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
     return next((name for name in PROMPTS.get(input_type or "", ()) if name in task.manifest.task.prompts), None)
 
 
-def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
-    operation = FeatureExtractionOperation(task)
+def embed_endpoints(operation: FeatureExtractionOperation, limit: int) -> list[Endpoint]:
+    task = operation.task
     types = Choice(PRECISIONS, description="float, int8 and uint8 (ranges calibrated at optimize time), "
                                            "binary and ubinary (sign bits packed 8 to a byte)")
     schema = Object({
@@ -100,11 +108,13 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
             by_type = kinds is not None or version == "2"
             kinds = list(dict.fromkeys(kinds or ["float"]))
             task.check_precision(kinds)
-            params = {"chunking": body.get("chunking"), "prompt_name": prompt_for(task, body.get("input_type")),
+            values = {"chunking": body.get("chunking"), "prompt_name": prompt_for(task, body.get("input_type")),
                       "dimensions": body.get("output_dimension"), **TRUNCATE[body["truncate"]]}
+            parsed = Parsed(texts, operation.params(values))
 
             def render(result: Result) -> Any:
-                vectors = {kind: operation.vectors(result.rows, {**params, "precision": kind}) for kind in kinds}
+                vectors = {kind: operation.answer(result.rows, result.encoded, dataclasses.replace(
+                    parsed, params=dataclasses.replace(parsed.params, precision=kind))) for kind in kinds}
                 answer: dict[str, Any] = {"id": str(uuid.uuid4()), "texts": texts, "meta": {
                     "api_version": {"version": version}, "billed_units": {"input_tokens": result.tokens}}}
                 if by_type:
@@ -113,7 +123,7 @@ def embed_endpoints(task: FeatureExtraction, limit: int) -> list[Endpoint]:
                     answer.update(embeddings=vectors["float"], response_type="embeddings_floats")
                 return answer
 
-            return operation.request(texts, params), render
+            return operation.request(parsed), render
 
         return Endpoint(path, COHERE, f"Embed texts (Cohere v{version})", answer_doc, body=schema, prepare=prepare,
                         errors=ERRORS, truncation_switch='"truncate": "END"')

@@ -14,10 +14,10 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from infinity.engine.job import Job
 from infinity.engine.service import INLINE_CHARS, Permit, Result, Service
 from infinity.errors import ErrorType, InfinityError, NotReady, PayloadTooLarge, TimedOut, TooLong, ValidationError
 from infinity.schema import Schema
-from infinity.tasks import Job
 
 log = logging.getLogger("infinity.api")
 

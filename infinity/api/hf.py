@@ -5,11 +5,10 @@ from collections.abc import Callable
 from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.operations import Operation, operation_for
+from infinity.api.operations.base import Operation
+from infinity.engine.job import Job
 from infinity.engine.service import Result
-from infinity.schema import Boolean, Choice, Object, Schema
-from infinity.tasks import Job, Task
-from infinity.tasks.base import DIRECTIONS
+from infinity.schema import Object, Schema
 
 HF = Family("hf", ErrorBody({"error": MESSAGE, "error_type": TYPE}))
 ERRORS = {400: "Empty input", 413: "Body too large or too many inputs",
@@ -17,20 +16,13 @@ ERRORS = {400: "Empty input", 413: "Body too large or too many inputs",
           429: "Queue full; see Retry-After", 500: "Inference failed", 503: "Not ready"}
 
 
-def truncation() -> dict[str, Schema]:
-    return {"truncate": Boolean(default=True, description="cut inputs at the model's maximum length; "
-                                                          "false answers 422 for longer inputs"),
-            "truncation_direction": Choice(DIRECTIONS, default="right", case_insensitive=True,
-                                           description="which end of a long input is cut")}
-
-
 # the body fields that turn truncation on, as a too-long input's error names them (Endpoint.truncation_switch)
 AT_TOP = '"truncate": true'
 IN_PARAMETERS = '"parameters": {"truncate": true}'
 
 
-def body_schema(operation: Operation[Any], limit: int) -> Object:
-    parameters = {**operation.parameters(), **truncation()}
+def body_schema(operation: Operation[Any, Any], limit: int) -> Object:
+    parameters = operation.fields()
     fields: dict[str, Schema] = {
         "inputs": operation.inputs(limit),
         "parameters": Object(parameters, fill_defaults=False),
@@ -41,21 +33,21 @@ def body_schema(operation: Operation[Any], limit: int) -> Object:
     return Object(fields, required=("inputs",), fill_defaults=False)
 
 
-def endpoints(task: Task, limit: int) -> list[Endpoint]:
-    predict = operation_for(task)
+def endpoints(predict: Operation[Any, Any], limit: int) -> list[Endpoint]:
+    task = predict.task
 
     def preparer(hosted_api: bool) -> Callable[[dict[str, Any]], tuple[Job, Render]]:
         def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-            params = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
-            params.update(body.get("parameters", {}))
-            parsed = predict.parse(body["inputs"], params)
+            values = {key: value for key, value in body.items() if key not in ("inputs", "parameters", "options")}
+            values.update(body.get("parameters", {}))
+            parsed = predict.parse(body["inputs"], values)
             nest = hosted_api and parsed.single and predict.nests_single_answer
 
             def render(result: Result) -> Any:
-                answer = predict.respond(result.rows, parsed, result.encoded)
+                answer = predict.render(predict.answer(result.rows, result.encoded, parsed), parsed)
                 return [answer] if nest else answer
 
-            return predict.request(parsed.inputs, params), render
+            return predict.request(parsed), render
 
         return prepare
 

@@ -1,15 +1,16 @@
 """KServe's Open Inference Protocol (v2) over HTTP/JSON: health, server and model metadata, and /infer taking
-BYTES text tensors and answering FP32 tensors. The model routes carry the served model's name literally, so
+BYTES text tensors and answering FP32 tensors (INT8 or UINT8 for embeddings at those precisions, binary and ubinary
+included). The model routes carry the served model's name literally, so
 every other name is a 404 like any unknown route.
 
 Tensors, by task: feature-extraction `text` [N] -> `embedding` [N, D]; sequence-classification `text` [N]
 (and `text_pair` [N]) -> `scores` [N, labels], in label id order; ranking `query` [1] (or [N]) and `text` [N]
--> `scores` [N], in input order. Request parameters are /predict's (normalize, dimensions, raw_scores,
+-> `scores` [N], in input order. Request parameters are /predict's (normalize, dimensions, precision, raw_scores,
 function_to_apply, truncate, ...). The binary tensor extension is not served: send JSON data."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,18 +19,13 @@ from starlette.responses import Response
 
 from infinity.api import hf
 from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
-from infinity.api.operations import SequenceClassificationOperation, operation_for
+from infinity.api.operations.base import Operation, Parsed
 from infinity.api.ops import version
+from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
-from infinity.manifest import TaskName
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
-from infinity.tasks import Job, Task
-from infinity.tasks.base import activate
-from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.ranking import Ranking
-from infinity.tasks.sequence_classification import SequenceClassification
 
 # the protocol answers a bad request 400 and names no error types
 KSERVE = Family("kserve", ErrorBody({"error": MESSAGE}), status=lambda status: 400 if status == 422 else status)
@@ -43,60 +39,18 @@ PLAIN = {"type": "object"}
 
 @dataclass(frozen=True)
 class Tensors:
-    """What one task takes and gives as tensors."""
+    """What one task takes and gives as tensors: its operation declares them (Operation.tensors)."""
     inputs: tuple[str, ...]
     required: tuple[str, ...]
     output: str
     output_shape: list[int]  # -1: the batch (or an unknown size)
     read: Callable[[dict[str, list[str]]], list[TextInput]]  # the named tensors as /predict's inputs
-    answer: Callable[[np.ndarray, dict[str, Any]], np.ndarray]
+    answer: Callable[[Any], np.ndarray]  # the operation's answer as the output tensor
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # parameters /infer always runs with
 
 
-def dense(task: FeatureExtraction) -> Tensors:
-    return Tensors(("text",), ("text",), "embedding", [-1, task.dim or -1], lambda named: list(named["text"]),
-                   lambda rows, params: task.embed(rows, params.get("normalize", task.manifest.task.normalize),
-                                                   params.get("dimensions")))
-
-
-def classification(task: SequenceClassification) -> Tensors:
-    def pairs(named: dict[str, list[str]]) -> list[TextInput]:
-        if "text_pair" not in named:
-            return list(named["text"])
-        return list(zip(named["text"], _same_length(named["text_pair"], named["text"], "text_pair")))
-
-    def scores(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
-        # the function /predict would apply with these parameters
-        return activate(rows, SequenceClassificationOperation(task).function(params))
-
-    return Tensors(("text", "text_pair"), ("text",), "scores", [-1, len(task.manifest.task.id2label or {}) or -1],
-                   pairs, scores)
-
-
-def ranking(task: Ranking) -> Tensors:
-    def ranked(named: dict[str, list[str]]) -> list[TextInput]:
-        query = named["query"]
-        queries = query * len(named["text"]) if len(query) == 1 else _same_length(query, named["text"], "query")
-        return list(zip(queries, named["text"]))
-
-    return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
-                   lambda rows, params: task.scores(rows, params.get("raw_scores", False)))
-
-
-# The tasks /infer serves, by name: a hybrid model answers its dense vectors; the others have no tensor form here.
-TENSORS: dict[TaskName, Callable[[Any], Tensors]] = {
-    TaskName.FEATURE_EXTRACTION: dense, TaskName.HYBRID_EMBEDDING: dense,
-    TaskName.SEQUENCE_CLASSIFICATION: classification, TaskName.RANKING: ranking}
-
-
-def tensors(task: Task) -> Tensors | None:
-    build = TENSORS.get(TaskName(task.name))
-    return None if build is None else build(task)
-
-
-def _same_length(values: list[str], texts: list[str], name: str) -> list[str]:
-    if len(values) != len(texts):
-        raise ValidationError(f"{name} has {len(values)} elements and text {len(texts)}; they go in pairs")
-    return values
+# the tensor datatype of each answer's numbers: a dense answer at precision int8 or (u)binary is integers
+DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int8): "INT8", np.dtype(np.uint8): "UINT8"}
 
 
 def _input(names: tuple[str, ...], limit: int) -> Schema:
@@ -106,9 +60,9 @@ def _input(names: tuple[str, ...], limit: int) -> Schema:
                   required=("name", "datatype", "shape", "data"))
 
 
-def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
-    operation = operation_for(task)
-    parameters = Object({**operation.parameters(), **hf.truncation()}, open=True, fill_defaults=False,
+def infer(operation: Operation[Any, Any], spec: Tensors, name: str, limit: int) -> Endpoint:
+    task = operation.task
+    parameters = Object(operation.fields(), open=True, fill_defaults=False,
                         description="/predict's parameters; others are accepted and ignored")
     requested = Object({"name": Choice((spec.output,)), "parameters": Object({}, open=True)}, required=("name",))
     schema = Object({"id": Text(allow_blank=True), "inputs": Array(_input(spec.inputs, limit), min_items=1),
@@ -128,18 +82,20 @@ def infer(task: Task, spec: Tensors, name: str, limit: int) -> Endpoint:
         missing = [wanted for wanted in spec.required if wanted not in named]
         if missing:
             raise ValidationError(f"missing input(s): {', '.join(missing)}")
-        params = body.get("parameters", {})
-        request = operation.request(spec.read(named), params)
+        parsed = Parsed(spec.read(named), operation.params({**body.get("parameters", {}), **spec.fixed}))
 
         def render(result: Result) -> Any:
-            data = np.asarray(spec.answer(result.rows, params), dtype=np.float32)
+            data = np.asarray(spec.answer(operation.answer(result.rows, result.encoded, parsed)))
+            if data.dtype not in DATATYPES:
+                data = data.astype(np.float32)
             answer: dict[str, Any] = {"model_name": name, "outputs": [
-                {"name": spec.output, "datatype": "FP32", "shape": list(data.shape), "data": data.ravel()}]}
+                {"name": spec.output, "datatype": DATATYPES[data.dtype], "shape": list(data.shape),
+                 "data": data.ravel()}]}
             if "id" in body:
                 answer["id"] = body["id"]
             return answer
 
-        return request, render
+        return operation.request(parsed), render
 
     answer_doc = {"type": "object", "required": ["model_name", "outputs"],
                   "properties": {"model_name": {"type": "string"}, "id": {"type": "string"},
@@ -152,7 +108,7 @@ async def _ready(request: Request) -> bool:
     return bool(await request.state.service.ready())
 
 
-def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[Endpoint]:
+def endpoints(operation: Operation[Any, Any], name: str, limit: int, public_metadata: bool) -> list[Endpoint]:
     async def live(request: Request) -> Response:
         return JSONResponse({"live": True})
 
@@ -176,7 +132,7 @@ def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[
                        method="GET", protected=False, errors=unready),
               Endpoint("/v2", KSERVE, "Server metadata (KServe)", PLAIN, view=server, method="GET",
                        protected=not public_metadata)]
-    spec = tensors(task)
+    spec = operation.tensors()
     if spec is None:
         return served
 
@@ -190,4 +146,4 @@ def endpoints(task: Task, name: str, limit: int, public_metadata: bool) -> list[
                  view=metadata, method="GET", protected=not public_metadata),
         Endpoint(f"/v2/models/{name}/ready", KSERVE, "Model ready (KServe)", PLAIN, view=model_ready, method="GET",
                  protected=False, errors=unready),
-        infer(task, spec, name, limit)]
+        infer(operation, spec, name, limit)]

@@ -4,19 +4,22 @@ from __future__ import annotations
 import base64
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
-from infinity.api.operations import FeatureExtractionOperation, listed, prompt_fields
+from infinity.api.operations.base import Parsed, listed, prompt_fields
+from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
-from infinity.tasks import Job
 from infinity.tasks.feature_extraction import FeatureExtraction
+
+if TYPE_CHECKING:
+    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
@@ -116,34 +119,37 @@ def body_schema(operation: FeatureExtractionOperation, limit: int, vocabulary: i
     }, required=("input",))
 
 
-
-
 def _encode(vector: np.ndarray, encoding: str) -> Any:
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return vector
 
 
-def embeddings(task: FeatureExtraction, limit: int, vocabulary: int, name: str, token_ids: str) -> list[Endpoint]:
-    operation = FeatureExtractionOperation(task)
+# the body's fields that are /predict's parameters, by /predict's name
+PARAMETERS = ("dimensions", "precision", "prompt_name", "chunking")
 
+
+def embeddings(operation: FeatureExtractionOperation, limit: int, vocabulary: int, name: str,
+               token_ids: str) -> list[Endpoint]:
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
+        if "dimensions" not in body and "output_dimension" in body:  # dimensions wins where both are sent
+            body["dimensions"] = body["output_dimension"]
+        params = operation.params({key: body[key] for key in PARAMETERS if key in body})
+        value = body["input"]
+        if isinstance(value, str) or isinstance(value[0], str):
+            parsed = Parsed(listed(value), params)
+        else:
+            ids = [value] if isinstance(value[0], int) else value
+            parsed = Parsed([], params, token_ids=ids) if token_ids == "model" else Parsed(decoded(ids), params)
+
         def render(result: Result) -> Any:
-            vectors = operation.vectors(result.rows, body)
+            vectors = operation.answer(result.rows, result.encoded, parsed)
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body["encoding_format"])}
                     for i, v in enumerate(vectors)]
             return {"object": "list", "data": data, "model": name,
                     "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}}
 
-        if "dimensions" not in body and "output_dimension" in body:  # dimensions wins where both are sent
-            body["dimensions"] = body["output_dimension"]
-        value = body["input"]
-        if isinstance(value, str) or isinstance(value[0], str):
-            return operation.request(listed(value), body), render
-        ids = [value] if isinstance(value[0], int) else value
-        if token_ids == "model":
-            return operation.request([], body, token_ids=ids), render
-        return operation.request(decoded(ids), body), render
+        return operation.request(parsed), render
 
     vector = {"oneOf": [operation.vector_doc(), {"type": "string", "format": "byte"}]}
     answer = {"type": "object", "properties": {

@@ -1,118 +1,129 @@
 """Text Embeddings Inference's native routes: /embed, /embed_all, /embed_sparse, /rerank, /tokenize, /decode.
-TEI's error shape is /predict's ({"error": ..., "error_type": ...}): they belong to the HF family."""
+TEI's error shape is /predict's ({"error": ..., "error_type": ...}): they belong to the HF family. Each route's
+body is named as /predict's parameters are, and goes through the task's operation."""
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.hf import AT_TOP, ERRORS, HF, truncation
-from infinity.api.operations import (
-    FeatureExtractionOperation,
-    HybridEmbeddingOperation,
-    MultiVectorOperation,
-    RankingOperation,
-    SparseEmbeddingOperation,
+from infinity.api.hf import AT_TOP, ERRORS, HF
+from infinity.api.operations.base import (
+    Parsed,
     listed,
-    operation_for,
     pairs,
     prompt_fields,
     sparse_vector_doc,
     texts_schema,
+    truncation,
 )
+from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.engine.tokenization import TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
-from infinity.tasks import Job
-from infinity.tasks.feature_extraction import FeatureExtraction
-from infinity.tasks.hybrid_embedding import HybridEmbedding
-from infinity.tasks.multi_vector import MultiVectorEmbedding
-from infinity.tasks.ranking import Ranking
-from infinity.tasks.sparse_embedding import SparseEmbedding
+
+if TYPE_CHECKING:
+    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
+    from infinity.api.operations.hybrid_embedding import HybridEmbeddingOperation
+    from infinity.api.operations.multi_vector import MultiVectorOperation
+    from infinity.api.operations.ranking import RankingOperation
+    from infinity.api.operations.sparse_embedding import SparseEmbeddingOperation
 
 EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
 
 
-def embed(task: FeatureExtraction, limit: int) -> Endpoint:
-    operation = FeatureExtractionOperation(task)
+def _params(body: dict[str, Any], *body_only: str) -> dict[str, Any]:
+    """The body's fields but its inputs (and `body_only`, which are TEI's own): /predict's parameters."""
+    return {name: value for name, value in body.items() if name not in ("inputs", *body_only)}
+
+
+def embed(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
                      "dimensions": operation.dimensions_field(), "precision": operation.precision_field(),
-                     **prompt_fields(task), **operation.chunking_fields(), **truncation()}, required=("inputs",))
+                     **prompt_fields(operation.task), **operation.chunking_fields(), **truncation()},
+                    required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        def render(result: Result) -> Any:
-            return operation.vectors(result.rows, body)
+        parsed = Parsed(listed(body["inputs"]), operation.params(_params(body)))
 
-        return operation.request(listed(body["inputs"]), body), render
+        def render(result: Result) -> Any:
+            return operation.answer(result.rows, result.encoded, parsed)
+
+        return operation.request(parsed), render
 
     return Endpoint(EMBED, HF, "Embed texts (TEI)", {"type": "array", "items": operation.vector_doc()}, body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
-def embed_all(task: FeatureExtraction | MultiVectorEmbedding, limit: int) -> Endpoint:
-    """Every token's vector, as the model's last layer answers it (special tokens included, padding not); a
-    multi-vector model's: the tokens it scores, for the role the body names."""
-    if isinstance(task, MultiVectorEmbedding):
-        return multi_vectors(task, limit)
-    operation = cast(FeatureExtractionOperation, operation_for(task))
-    schema = Object({"inputs": texts_schema(limit), **prompt_fields(task), **operation.chunking_fields(),
+def embed_all(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
+    """Every token's vector, as the model's last layer answers it (special tokens included, padding not)."""
+    schema = Object({"inputs": texts_schema(limit), **prompt_fields(operation.task), **operation.chunking_fields(),
                      **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        def render(result: Result) -> Any:
-            return task.token_answers(result.rows, result.encoded)
+        parsed = Parsed(listed(body["inputs"]), operation.params(_params(body)), tokens=True)
 
-        return operation.request(listed(body["inputs"]), body, tokens=True), render
+        def render(result: Result) -> Any:
+            return operation.answer(result.rows, result.encoded, parsed)
+
+        return operation.request(parsed), render
 
     return Endpoint(EMBED_ALL, HF, "Every token's vector of each text (TEI)",
                     {"type": "array", "items": operation.token_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
 
-def multi_vectors(task: MultiVectorEmbedding, limit: int) -> Endpoint:
-    operation = MultiVectorOperation(task)
+def multi_vectors(operation: MultiVectorOperation, limit: int) -> Endpoint:
+    """A multi-vector model's /embed_all: the tokens it scores, for the role the body names."""
     schema = Object({"inputs": texts_schema(limit), "input_type": operation.role_field(),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        def render(result: Result) -> Any:
-            return task.vectors(result.rows, result.encoded, body["input_type"])
+        parsed = Parsed(listed(body["inputs"]), operation.params(_params(body)))
 
-        return operation.request(listed(body["inputs"]), body), render
+        def render(result: Result) -> Any:
+            return operation.answer(result.rows, result.encoded, parsed)
+
+        return operation.request(parsed), render
 
     return Endpoint(EMBED_ALL, HF, "The token vectors a multi-vector model scores, of each text (TEI's route)",
                     {"type": "array", "items": operation.matrix_doc()}, body=schema, prepare=prepare, errors=ERRORS,
                     truncation_switch=AT_TOP)
 
 
-def embed_sparse(task: SparseEmbedding | HybridEmbedding, limit: int) -> Endpoint:
-    operation = cast(SparseEmbeddingOperation | HybridEmbeddingOperation, operation_for(task))
-    schema = Object({"inputs": texts_schema(limit), **operation.selection(), **prompt_fields(task),
+def embed_sparse(operation: SparseEmbeddingOperation | HybridEmbeddingOperation, limit: int) -> Endpoint:
+    """Each text's sparse vector; a hybrid model's sparse head."""
+    schema = Object({"inputs": texts_schema(limit), **operation.selection(), **prompt_fields(operation.task),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
+    heads = {"outputs": ["sparse"]} if "outputs" in operation.fields() else {}
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        def render(result: Result) -> Any:
-            return task.sparse_answers(result.rows, result.encoded, body["threshold"], body.get("top_k"))
+        parsed = Parsed(listed(body["inputs"]), operation.params({**_params(body), **heads}))
 
-        return operation.request(listed(body["inputs"]), body), render
+        def render(result: Result) -> Any:
+            answer = operation.answer(result.rows, result.encoded, parsed)  # type: ignore[arg-type]
+            return [each["sparse"] for each in answer] if heads else answer
+
+        return operation.request(parsed), render  # type: ignore[arg-type]
 
     return Endpoint(EMBED_SPARSE, HF, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": sparse_vector_doc()}, body=schema, prepare=prepare,
                     errors=ERRORS, truncation_switch=AT_TOP)
 
 
-def rerank(task: Ranking, limit: int) -> Endpoint:
-    operation = RankingOperation(task)
+def rerank(operation: RankingOperation, limit: int) -> Endpoint:
     schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
                      "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
                      **operation.instruction_field(), **operation.chunking_fields(), **truncation()},
                     required=("query", "texts"))
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        def render(result: Result) -> Any:
-            return operation.ranking(result.rows, body["texts"], body["raw_scores"], None, body["return_text"])
+        parsed = Parsed(pairs(body["query"], body["texts"]), operation.params(_params(body, "query", "texts")))
 
-        return operation.request(pairs(body["query"], body["texts"]), body), render
+        def render(result: Result) -> Any:
+            return operation.render(operation.answer(result.rows, result.encoded, parsed), parsed)
+
+        return operation.request(parsed), render
 
     return Endpoint(RERANK, HF, "Rank texts against a query (TEI)", operation.answer_doc(), body=schema,
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)

@@ -10,22 +10,22 @@ from typing import Any
 
 from infinity.api import hf, ops
 from infinity.api.endpoint import Endpoint, Render
-from infinity.api.operations import operation_for
+from infinity.api.operations.base import Operation, Parsed
+from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.errors import PayloadTooLarge
 from infinity.schema import Array, Object
-from infinity.tasks import Job, Task
 
 
-def predict(task: Task, limit: int, route: str) -> Endpoint:
-    per_instance = operation_for(task)
-    parameters = Object({**per_instance.parameters(), **hf.truncation()}, fill_defaults=False)
+def predict(per_instance: Operation[Any, Any], limit: int, route: str) -> Endpoint:
+    task = per_instance.task
+    parameters = Object(per_instance.fields(), fill_defaults=False)
     schema = Object({"instances": Array(per_instance.inputs(limit), max_items=limit), "parameters": parameters},
                     required=("instances",), fill_defaults=False)
 
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
-        params = body.get("parameters", {})
-        parsed = [per_instance.parse(instance, params) for instance in body["instances"]]
+        params = per_instance.params(body.get("parameters"))
+        parsed = [per_instance.read(instance, params) for instance in body["instances"]]
         inputs = [item for each in parsed for item in each.inputs]
         if len(inputs) > limit:
             raise PayloadTooLarge(f"the instances hold {len(inputs)} inputs; the limit is {limit}")
@@ -34,11 +34,12 @@ def predict(task: Task, limit: int, route: str) -> Endpoint:
             predictions, start = [], 0
             for each in parsed:
                 stop = start + len(each.inputs)
-                predictions.append(per_instance.respond(result.rows[start:stop], each, result.encoded[start:stop]))
+                answer = per_instance.answer(result.rows[start:stop], result.encoded[start:stop], each)
+                predictions.append(per_instance.render(answer, each))
                 start = stop
             return {"predictions": predictions}
 
-        return per_instance.request(inputs, params), render
+        return per_instance.request(Parsed(inputs, params)), render
 
     answer = {"type": "object", "required": ["predictions"],
               "properties": {"predictions": {"type": "array", "items": per_instance.answer_doc()}}}
@@ -46,9 +47,10 @@ def predict(task: Task, limit: int, route: str) -> Endpoint:
                     body=schema, prepare=prepare, errors=hf.ERRORS, truncation_switch=hf.IN_PARAMETERS)
 
 
-def endpoints(task: Task, limit: int, predict_route: str, health_route: str, taken: set[str]) -> list[Endpoint]:
+def endpoints(operation: Operation[Any, Any], limit: int, predict_route: str, health_route: str,
+              taken: set[str]) -> list[Endpoint]:
     """The predict route, and the health route unless another route already answers it the same way."""
-    served = [predict(task, limit, predict_route)]
+    served = [predict(operation, limit, predict_route)]
     if health_route not in taken:
         served.append(Endpoint(health_route, hf.HF, "Vertex AI's health check: 200 once the model is warm",
                                ops.PLAIN, view=ops.ready, method="GET", protected=False, errors={503: "Not ready"}))

@@ -9,11 +9,12 @@ import numpy as np
 
 from infinity.artifact import verify_checksums
 from infinity.bundle import Selection
+from infinity.engine.job import Job
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer, pad_batch
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
-from infinity.tasks import Job, Task, make_task
+from infinity.tasks import Task, make_task
 
 
 def artifact_tokenizer(directory: Path, manifest: Manifest) -> TextTokenizer:

@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from infinity.engine.batcher import Batcher, BatchReport, Outcome, padded_tokens, parts, real_tokens
+from infinity.engine.job import Job
 from infinity.engine.model import LoadedModel
 from infinity.engine.tokenization import Encoded, InputTooLong
 from infinity.errors import NotReady, Overloaded, PayloadTooLarge, TooLong, ValidationError
 from infinity.metrics import Metrics
 from infinity.settings import Settings
-from infinity.tasks import Job
 
 log = logging.getLogger("infinity.service")
 

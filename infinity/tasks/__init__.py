@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infinity.manifest import Manifest
-from infinity.tasks.base import Job, Task
+from infinity.tasks.base import Task
 from infinity.tasks.feature_extraction import FeatureExtraction
 from infinity.tasks.hybrid_embedding import HybridEmbedding
 from infinity.tasks.multi_vector import MultiVectorEmbedding
@@ -24,4 +24,4 @@ def make_task(manifest: Manifest, directory: Path | None = None) -> Task:
     return TASK_CLASSES[manifest.source.task](manifest, directory)
 
 
-__all__ = ["Job", "Task", "make_task", "TASK_CLASSES"]
+__all__ = ["Task", "make_task", "TASK_CLASSES"]

@@ -1,44 +1,16 @@
-"""What every task knows: the core request it runs, the tokens the model reads of it, and its batch reduction.
+"""What every task knows: the tokens the model reads of it, and its batch reduction.
 The API families (infinity/api/) turn their bodies into a Job and the rows into their answers."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from infinity.engine.job import Job
 from infinity.engine.tokenization import Encoded, TextInput, concatenated
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-
-DIRECTIONS = ("right", "left")
-
-
-@dataclass
-class Job:
-    """What the core runs: texts (or text pairs) or token ids, and how to cut them to the model's length."""
-    texts: list[TextInput] = field(default_factory=list)
-    token_ids: list[list[int]] | None = None
-    truncate: bool = True
-    direction: str = "right"
-    tokens: bool = False  # answer every token's vector, not the task's reduction of them
-    max_length: int | None = None  # cut (or refuse) texts past this many tokens, where shorter than the model's
-    role: str | None = None  # multi-vector: "query" or "document"
-    prompt: str = ""  # what each text begins with that every window of it begins with too (a role's marker)
-    chunk: bool | None = None  # run a text past the maximum length whole, in windows (None: the server's default)
-    document_tokens: int | None = None  # ranking: each document's tokens past this many are dropped first
-    instruction: str | None = None  # ranking: a causal reranker's task description (None: the manifest's)
-
-    @property
-    def size(self) -> int:
-        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
-
-    @property
-    def chars(self) -> int:
-        if self.token_ids is not None:
-            return sum(len(ids) for ids in self.token_ids)
-        return sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in self.texts)
 
 
 class Task:
@@ -62,6 +34,11 @@ class Task:
     def reduce(self, output: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """Batch-level numeric work on the padded engine output; rows stay aligned with the batch."""
         return output
+
+    def label_names(self, count: int) -> tuple[str, ...]:
+        """The name of each of `count` labels, by id: the manifest's, else LABEL_i as transformers names it."""
+        labels = self.manifest.task.id2label or {}
+        return tuple(labels.get(i, f"LABEL_{i}") for i in range(count))
 
     def in_windows(self, request: Job) -> bool:
         """Whether the request's long texts run whole in windows, where chunking is asked for."""

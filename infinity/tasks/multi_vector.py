@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from infinity.engine.job import Job
 from infinity.engine.tokenization import Encoded
 from infinity.manifest import Manifest, MultiVector, QueryExpansion
-from infinity.tasks.base import Job, Task
+from infinity.tasks.base import Task
 
 
 def expanded(item: Encoded, expansion: QueryExpansion) -> Encoded:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infinity.engine.job import Job
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
-from infinity.tasks.base import Job, Task
+from infinity.tasks.base import Task
 
 
 class PromptedTask(Task):

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from infinity.engine.job import Job
 from infinity.engine.tokenization import Encoded, TextInput
-from infinity.tasks.base import Job, Task, activate
+from infinity.tasks.base import Task, activate
 
 
 class Ranking(Task):
@@ -35,9 +36,3 @@ class Ranking(Task):
 
     def scores(self, rows: np.ndarray, raw: bool = False) -> np.ndarray:
         return activate(rows, "none" if raw else (self.manifest.task.score_activation or "sigmoid"))
-
-    def ranked(self, rows: np.ndarray, raw: bool = False, top_n: int | None = None) -> list[tuple[int, float]]:
-        """(index, score) best first; equal scores keep the order they were sent in."""
-        scores = self.scores(rows, raw)
-        return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")[:top_n]]
-

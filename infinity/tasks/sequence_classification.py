@@ -1,11 +1,8 @@
-"""Sequence classification: each text's (or pair's) scores, labelled with the manifest's labels, best first."""
+"""Sequence classification: each text's (or pair's) logits, one per label; its operation applies the function and
+names the labels."""
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from infinity.tasks.base import Task, activate
+from infinity.tasks.base import Task
 
 
 class SequenceClassification(Task):
@@ -15,12 +12,3 @@ class SequenceClassification(Task):
     def default_function(self) -> str:
         """The function applied to the logits unless a request names another."""
         return self.manifest.task.score_activation or "softmax"
-
-    def labelled(self, rows: np.ndarray, function: str, top_k: int | None) -> list[list[dict[str, Any]]]:
-        labels = self.manifest.task.id2label or {}
-        scores = activate(rows, function)
-        results = []
-        for row in scores:
-            order = np.argsort(-row, kind="stable")[:top_k]
-            results.append([{"label": labels.get(int(i), f"LABEL_{int(i)}"), "score": float(row[i])} for i in order])
-        return results

@@ -15,7 +15,6 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import TaskFacts, TaskName
-from infinity.tasks.base import activate
 from optimize.checkpoint import Checkpoint, Module
 from optimize.measure import agreement, texts
 from optimize.measure.agreement import Outputs
@@ -23,7 +22,6 @@ from optimize.measure.agreement import Outputs
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from infinity.engine.model import LoadedModel
 
 
 class UnsupportedModel(ValueError):
@@ -127,11 +125,10 @@ class OptimizerTask:
             return np.inf
         return float(np.abs(np.asarray(alone, np.float64) - np.asarray(batched, np.float64)).max(initial=0.0))
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-        """The numbers parity compares from one row of a served batch, with the defaults the task's answer
-        applies."""
-        default = "softmax"
-        return activate(row, model.manifest.task.score_activation or default).astype(np.float32)
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        """The numbers parity compares, from the operation's answer to one row of a served batch (a request with
+        every default; `row` and `item` are that row and its tokens): a classifier's scores."""
+        return answer.scores[0].astype(np.float32)
 
     def notes(self, source: SourceModel) -> list[str]:
         """What the artifact does for this model that a reader of the manifest should know."""

@@ -8,7 +8,6 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import POOLINGS, SPLADE, TaskFacts, TaskName
-from infinity.tasks.feature_extraction import l2_normalize
 from optimize.checkpoint import (
     Checkpoint,
     Module,
@@ -25,7 +24,7 @@ from optimize.tasks.base import OptimizerTask, SourceModel, with_modules
 from optimize.tasks.hybrid_embedding import M3_HEADS
 
 if TYPE_CHECKING:
-    from infinity.engine.model import LoadedModel
+    pass
 
 
 class FeatureExtractionTask(OptimizerTask):
@@ -102,8 +101,8 @@ class FeatureExtractionTask(OptimizerTask):
     def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
         return agreement.embeddings(reference, candidate)
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-        return (l2_normalize(row) if model.manifest.task.normalize else row).astype(np.float32)
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        return answer[0].astype(np.float32)
 
     def notes(self, source: SourceModel) -> list[str]:
         notes = []

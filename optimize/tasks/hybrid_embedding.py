@@ -9,7 +9,6 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import Hybrid, TaskFacts, TaskName
-from infinity.tasks.hybrid_embedding import HybridEmbedding
 from optimize.checkpoint import Checkpoint, Module, hidden_size, pooling_mode, prompts, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
@@ -18,7 +17,6 @@ from optimize.tasks.base import OptimizerTask, SourceModel, head
 if TYPE_CHECKING:
     import torch
 
-    from infinity.engine.model import LoadedModel
 
 M3_HEADS = ("colbert_linear", "sparse_linear")  # bge-m3's extra weight files, beside the encoder's
 HEADS = {"dense": ("cosine_min", "cosine_mean", "max_abs_diff"),
@@ -147,12 +145,11 @@ class HybridEmbeddingTask(OptimizerTask):
     def moved(self, alone: Any, batched: Any) -> float:
         return max(super(HybridEmbeddingTask, self).moved(a, b) for a, b in zip(alone, batched))
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-        assert isinstance(model.task, HybridEmbedding)
-        rows, sparse = row[None], model.task.sparse_answers(row[None], [item])[0]
-        return HybridAnswer(model.task.embed(rows, model.manifest.task.normalize)[0],
-                            np.asarray([[e["index"] for e in sparse], [e["value"] for e in sparse]], np.float64),
-                            model.task.token_answers(rows, [item])[0])
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        heads = answer[0]
+        sparse = heads["sparse"]
+        return HybridAnswer(heads["dense"], np.asarray([[e["index"] for e in sparse], [e["value"] for e in sparse]],
+                                                       np.float64), heads["colbert"])
 
 
 def m3_heads(path: Path) -> dict[str, torch.nn.Linear]:

@@ -8,14 +8,13 @@ import numpy as np
 
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import EXPANSIONS, ROLES, MultiVector, QueryExpansion, TaskFacts, TaskName
-from infinity.tasks.multi_vector import DOCUMENT, MultiVectorEmbedding
 from optimize.checkpoint import Checkpoint, Module, dense_width, hidden_size, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
 from optimize.tasks.base import OptimizerTask, SourceModel, with_modules
 
 if TYPE_CHECKING:
-    from infinity.engine.model import LoadedModel
+    pass
 
 MULTI_VECTOR_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"}
 EXPANSION_KEYS = {"strategy", "attend", "token", "length"}
@@ -101,9 +100,8 @@ class MultiVectorTask(OptimizerTask):
     def rows(self, vectors: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(vectors)
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-        assert isinstance(model.task, MultiVectorEmbedding)
-        return model.task.vectors(row[None], [item], DOCUMENT)[0]
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        return answer[0]
 
 
 def skiplist_ids(tokenizer: Any, words: list[str]) -> list[int]:

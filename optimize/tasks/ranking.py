@@ -15,7 +15,7 @@ from optimize.measure.agreement import Outputs
 from optimize.tasks.base import ClassifierHead, SourceModel, UnsupportedModel, head, labels, output_hook
 
 if TYPE_CHECKING:
-    from infinity.engine.model import LoadedModel
+    pass
 
 # Ranking prompts of causal rerankers, as their model cards give them.
 RERANKERS: dict[str, dict[str, str]] = {
@@ -111,10 +111,8 @@ class RankingTask(ClassifierHead):
     def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
         return agreement.ranking(reference, candidate, group_sizes(inputs) or [len(reference)])
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-        from infinity.tasks.base import activate
-
-        return activate(row, model.manifest.task.score_activation or "sigmoid").astype(np.float32)
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        return answer.scores[0].astype(np.float32)
 
 
 def group_sizes(inputs: list[TextInput]) -> list[int]:

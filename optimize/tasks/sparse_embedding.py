@@ -14,7 +14,7 @@ from optimize.measure.agreement import Outputs
 from optimize.tasks.base import OptimizerTask, SourceModel, UnsupportedModel, head, output_hook
 
 if TYPE_CHECKING:
-    from infinity.engine.model import LoadedModel
+    pass
 
 SPLADE_KEYS = {*SPLADE_SETTINGS, "embedding_dimension", "word_embedding_dimension", "chunk_size"}
 
@@ -79,7 +79,8 @@ class SparseEmbeddingTask(OptimizerTask):
     def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
         return agreement.sparse(reference, candidate)
 
-    def served_values(self, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
+    def served_values(self, answer: Any, row: np.ndarray, item: Encoded) -> Any:
+        """Every vocabulary entry's weight, before the answer's threshold."""
         return row.astype(np.float32)
 
 

@@ -37,5 +37,6 @@ class TokenClassificationTask(ClassifierHead):
     def measure(self, reference: Outputs, candidate: Outputs, inputs: list[TextInput]) -> dict[str, float]:
         return agreement.token_labels(reference, candidate)
 
-    def served_values(self, model: Any, row: np.ndarray, item: Any) -> Any:
+    def served_values(self, answer: Any, row: np.ndarray, item: Any) -> Any:
+        """Each token's label probabilities, before the pipeline groups them."""
         return row[:len(item)].astype(np.float32)

@@ -14,14 +14,16 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from infinity.api.operations import operation_for
+from infinity.api import operation_for
+from infinity.api.operations.base import Parsed
 from infinity.engine.batcher import overfull
+from infinity.engine.job import Job
 from infinity.engine.model import LoadedModel, artifact_tokenizer
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer
 from infinity.manifest import Manifest
 from infinity.settings import Settings
-from infinity.tasks import Job, make_task
+from infinity.tasks import make_task
 from infinity.tasks.feature_extraction import l2_normalize
 from optimize.graph.onnxio import external_files
 from optimize.measure.agreement import Outputs, ParityResult
@@ -101,14 +103,17 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def row_values(task: OptimizerTask, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-    """The numbers parity compares, from one row of a served batch, as the model's task reads them."""
-    return task.served_values(model, row, item)
+    """The numbers parity compares, from one row of a served batch: the operation's answer to a request with every
+    default, as the model's task reads it."""
+    operation = operation_for(model.task)
+    return task.served_values(operation.answer(row[None], [item], Parsed([], operation.params())), row, item)
 
 
 def served_request(model: LoadedModel, inputs: list[TextInput]) -> Job:
     """The inputs as a client's request with every default, built where the server builds every route's: the
     default prompt, a multi-vector model's document role, a causal reranker's template."""
-    return operation_for(model.task).request(inputs, {})
+    operation = operation_for(model.task)
+    return operation.request(Parsed(inputs, operation.params()))
 
 
 def run_served(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,

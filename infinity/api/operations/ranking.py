@@ -1,0 +1,107 @@
+"""Ranking's operation: each text's score against the query, the texts best first."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infinity.api import cohere, kserve, tei
+from infinity.api.endpoint import Endpoint
+from infinity.api.hf import HF
+from infinity.api.operations.base import Operation, Params, Parsed, Served, pairs
+from infinity.engine.job import Job
+from infinity.engine.tokenization import Encoded, TextInput
+from infinity.errors import ValidationError
+from infinity.manifest import TaskName
+from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
+from infinity.tasks.ranking import Ranking
+
+
+@dataclass(frozen=True)
+class RankingParams(Params):
+    top_n: int | None
+    return_text: bool
+    raw_scores: bool
+    instruction: str | None  # a causal reranker's task description (None: the manifest's)
+    max_tokens_per_doc: int | None
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A ranking: each text's score in the order sent, and the texts best first (the top_n of them; equal scores
+    keep the order they were sent in)."""
+    scores: np.ndarray
+    order: list[int]
+    texts: list[str] | None = None  # each text, where the request asked for them back
+
+    def best(self) -> list[tuple[int, float]]:
+        return [(i, float(self.scores[i])) for i in self.order]
+
+
+class RankingOperation(Operation[Ranking, RankingParams]):
+    name = TaskName.RANKING
+    params_type = RankingParams
+    top_level = ("raw_scores", "chunking")
+    paths = ((tei.RERANK, HF), *((path, cohere.COHERE) for path in cohere.RERANK))
+
+    def inputs(self, limit: int) -> Schema:
+        return Object({"query": Text(), "texts": Array(Text(), max_items=limit)}, required=("query", "texts"))
+
+    def parameters(self) -> dict[str, Schema]:
+        return {"top_n": Integer(minimum=1, description="answer only the N best texts"),
+                "return_text": Boolean(default=False), "raw_scores": Boolean(default=False),
+                "max_tokens_per_doc": Integer(minimum=1, description="each text's tokens past this many are dropped "
+                                                                    "(before windows are cut, with chunking)"),
+                **self.instruction_field(), **self.chunking_fields()}
+
+    def instruction_field(self) -> dict[str, Schema]:
+        """A causal reranker's task description, in place of the manifest's for one request; others take none."""
+        reranker = self.task.manifest.task.reranker
+        if reranker is None:
+            return {}
+        return {"instruction": Text(description=f"what relevance means here (default: {reranker.instruction!r})")}
+
+    def answer_doc(self) -> dict[str, Any]:
+        ranked = {"type": "object", "required": ["index", "score"],
+                  "properties": {"index": {"type": "integer"}, "score": {"type": "number"},
+                                 "text": {"type": "string"}}}
+        return {"type": "array", "items": ranked}
+
+    def read(self, inputs: Any, params: RankingParams) -> Parsed[RankingParams]:
+        return Parsed(pairs(inputs["query"], inputs["texts"]), params)
+
+    def specific(self, job: Job, params: RankingParams) -> Job:
+        job.instruction, job.document_tokens = params.instruction, params.max_tokens_per_doc
+        return job
+
+    def answer(self, rows: np.ndarray, encoded: list[Encoded], parsed: Parsed[RankingParams]) -> Ranked:
+        params = parsed.params
+        scores = self.task.scores(rows, params.raw_scores)
+        order = [int(i) for i in np.argsort(-scores, kind="stable")[:params.top_n]]
+        texts = [str(pair[1]) for pair in parsed.inputs] if params.return_text else None
+        return Ranked(scores, order, texts)
+
+    def render(self, answer: Ranked, parsed: Parsed[RankingParams]) -> Any:
+        """The ranking in the shape /predict and TEI's /rerank answer."""
+        texts = answer.texts
+        return [{"index": i, "score": score, **({"text": texts[i]} if texts is not None else {})}
+                for i, score in answer.best()]
+
+    def routes(self, at: Served) -> list[Endpoint]:
+        return [tei.rerank(self, at.limit), *cohere.endpoints(self, at.limit)]
+
+    def tensors(self) -> kserve.Tensors:
+        def ranked(named: dict[str, list[str]]) -> list[TextInput]:
+            query = named["query"]
+            queries = query * len(named["text"]) if len(query) == 1 else same_length(query, named["text"], "query")
+            return list(zip(queries, named["text"]))
+
+        return kserve.Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
+                              lambda answer: answer.scores)
+
+
+def same_length(values: list[str], texts: list[str], name: str) -> list[str]:
+    if len(values) != len(texts):
+        raise ValidationError(f"{name} has {len(values)} elements and text {len(texts)}; they go in pairs")
+    return values
