@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from infinity.api.endpoint import MESSAGE, TYPE, Endpoint, ErrorBody, Family, Render
-from infinity.api.operations.base import Parsed, pairs
+from infinity.api.operations.base import Embedder, Parsed, Ranker, pairs
 from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Text
 from infinity.tasks.feature_extraction import PRECISIONS, FeatureExtraction
-
-if TYPE_CHECKING:
-    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
-    from infinity.api.operations.ranking import RankingOperation
 
 COHERE = Family("cohere", ErrorBody({"message": MESSAGE, "error_type": TYPE}))
 ERRORS = {400: "Empty query or documents",
@@ -35,7 +31,7 @@ RERANK_PARAMETERS = {"top_n": "top_n", "return_documents": "return_text", "instr
 DOCUMENT = Object({"text": Text()}, required=("text",), open=True)
 
 
-def body_schema(operation: RankingOperation, limit: int) -> Object:
+def body_schema(operation: Ranker, limit: int) -> Object:
     return Object({**operation.instruction_field(),
         "query": Text(),
         "documents": Array(OneOf((Text(), DOCUMENT), 'a string or {"text": str}'), max_items=limit),
@@ -49,7 +45,7 @@ def body_schema(operation: RankingOperation, limit: int) -> Object:
     }, required=("query", "documents"))
 
 
-def endpoints(operation: RankingOperation, limit: int) -> list[Endpoint]:
+def endpoints(operation: Ranker, limit: int) -> list[Endpoint]:
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         texts = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
         values = {ours: body[theirs] for theirs, ours in RERANK_PARAMETERS.items() if theirs in body}
@@ -80,7 +76,7 @@ def prompt_for(task: FeatureExtraction, input_type: str | None) -> str | None:
     return next((name for name in PROMPTS.get(input_type or "", ()) if name in task.manifest.task.prompts), None)
 
 
-def embed_endpoints(operation: FeatureExtractionOperation, limit: int) -> list[Endpoint]:
+def embed_endpoints(operation: Embedder, limit: int) -> list[Endpoint]:
     task = operation.task
     types = Choice(PRECISIONS, description="float, int8 and uint8 (ranges calibrated at optimize time), "
                                            "binary and ubinary (sign bits packed 8 to a byte)")

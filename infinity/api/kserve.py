@@ -9,8 +9,6 @@ Tensors, by task: feature-extraction `text` [N] -> `embedding` [N, D]; sequence-
 function_to_apply, truncate, ...). The binary tensor extension is not served: send JSON data."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,11 +17,10 @@ from starlette.responses import Response
 
 from infinity.api import hf
 from infinity.api.endpoint import MESSAGE, Endpoint, ErrorBody, Family, JSONResponse, Render
-from infinity.api.operations.base import Operation, Parsed
+from infinity.api.operations.base import Operation, Parsed, Tensors
 from infinity.api.ops import version
 from infinity.engine.job import Job
 from infinity.engine.service import Result
-from infinity.engine.tokenization import TextInput
 from infinity.errors import ErrorType, ValidationError
 from infinity.schema import Array, Choice, Integer, Object, Schema, Text
 
@@ -35,18 +32,6 @@ TENSOR_DOC = {"type": "object", "required": ["name", "datatype", "shape", "data"
               "properties": {"name": {"type": "string"}, "datatype": {"type": "string"},
                              "shape": {"type": "array", "items": {"type": "integer"}}, "data": {"type": "array"}}}
 PLAIN = {"type": "object"}
-
-
-@dataclass(frozen=True)
-class Tensors:
-    """What one task takes and gives as tensors: its operation declares them (Operation.tensors)."""
-    inputs: tuple[str, ...]
-    required: tuple[str, ...]
-    output: str
-    output_shape: list[int]  # -1: the batch (or an unknown size)
-    read: Callable[[dict[str, list[str]]], list[TextInput]]  # the named tensors as /predict's inputs
-    answer: Callable[[Any], np.ndarray]  # the operation's answer as the output tensor
-    fixed: Mapping[str, Any] = field(default_factory=dict)  # parameters /infer always runs with
 
 
 # the tensor datatype of each answer's numbers: a dense answer at precision int8 or (u)binary is integers

@@ -4,22 +4,19 @@ from __future__ import annotations
 import base64
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity.api.endpoint import MESSAGE, NULL, TYPE, Endpoint, ErrorBody, Family, Field, JSONResponse, Render
-from infinity.api.operations.base import Parsed, listed, prompt_fields
+from infinity.api.operations.base import Embedder, Parsed, listed, prompt_fields
 from infinity.engine.job import Job
 from infinity.engine.service import Result
 from infinity.errors import ValidationError
 from infinity.schema import Array, Choice, Integer, Object, OneOf, Text
 from infinity.tasks.feature_extraction import FeatureExtraction
-
-if TYPE_CHECKING:
-    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
@@ -98,7 +95,7 @@ def decoded(token_ids: list[list[int]]) -> list[str]:
     return [encoding.decode_bytes(ids).decode("utf-8", errors="replace") for ids in token_ids]
 
 
-def body_schema(operation: FeatureExtractionOperation, limit: int, vocabulary: int, token_ids: str) -> Object:
+def body_schema(operation: Embedder, limit: int, vocabulary: int, token_ids: str) -> Object:
     ids = token_ids_schema(operation.task, vocabulary, token_ids)
     inputs = OneOf((Text(), Array(Text(), max_items=limit), ids, Array(ids, max_items=limit)),
                    "a string, a list of strings, a list of token ids or a list of lists of token ids")
@@ -129,7 +126,7 @@ def _encode(vector: np.ndarray, encoding: str) -> Any:
 PARAMETERS = ("dimensions", "precision", "prompt_name", "chunking")
 
 
-def embeddings(operation: FeatureExtractionOperation, limit: int, vocabulary: int, name: str,
+def embeddings(operation: Embedder, limit: int, vocabulary: int, name: str,
                token_ids: str) -> list[Endpoint]:
     def prepare(body: dict[str, Any]) -> tuple[Job, Render]:
         if "dimensions" not in body and "output_dimension" in body:  # dimensions wins where both are sent

@@ -3,12 +3,16 @@ TEI's error shape is /predict's ({"error": ..., "error_type": ...}): they belong
 body is named as /predict's parameters are, and goes through the task's operation."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from infinity.api.endpoint import Endpoint, Render
 from infinity.api.hf import AT_TOP, ERRORS, HF
 from infinity.api.operations.base import (
+    Embedder,
+    MultiVectors,
     Parsed,
+    Ranker,
+    SparseEmbedder,
     listed,
     pairs,
     prompt_fields,
@@ -21,13 +25,6 @@ from infinity.engine.service import Result
 from infinity.engine.tokenization import TextTokenizer
 from infinity.schema import Array, Boolean, Integer, Object, OneOf, Text
 
-if TYPE_CHECKING:
-    from infinity.api.operations.feature_extraction import FeatureExtractionOperation
-    from infinity.api.operations.hybrid_embedding import HybridEmbeddingOperation
-    from infinity.api.operations.multi_vector import MultiVectorOperation
-    from infinity.api.operations.ranking import RankingOperation
-    from infinity.api.operations.sparse_embedding import SparseEmbeddingOperation
-
 EMBED, EMBED_ALL, EMBED_SPARSE, RERANK = "/embed", "/embed_all", "/embed_sparse", "/rerank"
 
 
@@ -36,7 +33,7 @@ def _params(body: dict[str, Any], *body_only: str) -> dict[str, Any]:
     return {name: value for name, value in body.items() if name not in ("inputs", *body_only)}
 
 
-def embed(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
+def embed(operation: Embedder, limit: int) -> Endpoint:
     schema = Object({"inputs": texts_schema(limit),
                      "normalize": Boolean(default=True, description="scale each vector to unit length"),
                      "dimensions": operation.dimensions_field(), "precision": operation.precision_field(),
@@ -55,7 +52,7 @@ def embed(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
                     prepare=prepare, errors=ERRORS, truncation_switch=AT_TOP)
 
 
-def embed_all(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
+def embed_all(operation: Embedder, limit: int) -> Endpoint:
     """Every token's vector, as the model's last layer answers it (special tokens included, padding not)."""
     schema = Object({"inputs": texts_schema(limit), **prompt_fields(operation.task), **operation.chunking_fields(),
                      **truncation()}, required=("inputs",))
@@ -73,7 +70,7 @@ def embed_all(operation: FeatureExtractionOperation, limit: int) -> Endpoint:
                     truncation_switch=AT_TOP)
 
 
-def multi_vectors(operation: MultiVectorOperation, limit: int) -> Endpoint:
+def multi_vectors(operation: MultiVectors, limit: int) -> Endpoint:
     """A multi-vector model's /embed_all: the tokens it scores, for the role the body names."""
     schema = Object({"inputs": texts_schema(limit), "input_type": operation.role_field(),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
@@ -91,7 +88,7 @@ def multi_vectors(operation: MultiVectorOperation, limit: int) -> Endpoint:
                     truncation_switch=AT_TOP)
 
 
-def embed_sparse(operation: SparseEmbeddingOperation | HybridEmbeddingOperation, limit: int) -> Endpoint:
+def embed_sparse(operation: SparseEmbedder, limit: int) -> Endpoint:
     """Each text's sparse vector; a hybrid model's sparse head."""
     schema = Object({"inputs": texts_schema(limit), **operation.selection(), **prompt_fields(operation.task),
                      **operation.chunking_fields(), **truncation()}, required=("inputs",))
@@ -101,17 +98,17 @@ def embed_sparse(operation: SparseEmbeddingOperation | HybridEmbeddingOperation,
         parsed = Parsed(listed(body["inputs"]), operation.params({**_params(body), **heads}))
 
         def render(result: Result) -> Any:
-            answer = operation.answer(result.rows, result.encoded, parsed)  # type: ignore[arg-type]
+            answer = operation.answer(result.rows, result.encoded, parsed)
             return [each["sparse"] for each in answer] if heads else answer
 
-        return operation.request(parsed), render  # type: ignore[arg-type]
+        return operation.request(parsed), render
 
     return Endpoint(EMBED_SPARSE, HF, "Sparse embeddings of texts (TEI)",
                     {"type": "array", "items": sparse_vector_doc()}, body=schema, prepare=prepare,
                     errors=ERRORS, truncation_switch=AT_TOP)
 
 
-def rerank(operation: RankingOperation, limit: int) -> Endpoint:
+def rerank(operation: Ranker, limit: int) -> Endpoint:
     schema = Object({"query": Text(), "texts": Array(Text(), max_items=limit),
                      "raw_scores": Boolean(default=False), "return_text": Boolean(default=False),
                      **operation.instruction_field(), **operation.chunking_fields(), **truncation()},

@@ -6,23 +6,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from infinity.engine.job import DIRECTIONS, Job
 from infinity.engine.tokenization import Encoded, TextInput
+from infinity.errors import ValidationError
 from infinity.manifest import TaskName
 from infinity.schema import Array, Boolean, Choice, Integer, Number, Object, OneOf, Refused, Schema, Text
 from infinity.settings import Settings
 from infinity.tasks import Task
+from infinity.tasks.feature_extraction import FeatureExtraction
+from infinity.tasks.multi_vector import MultiVectorEmbedding
 from infinity.tasks.prompts import PromptedTask
+from infinity.tasks.ranking import Ranking
 
 if TYPE_CHECKING:
     from infinity.api.endpoint import Endpoint, Family
-    from infinity.api.kserve import Tensors
 
 T = TypeVar("T", bound=Task)
 P = TypeVar("P", bound="Params")
@@ -47,6 +50,30 @@ class Parsed(Generic[P]):
     similarity: bool = False  # feature-extraction: the cosine of each input but the first with the first
     tokens: bool = False  # every token's vector, not the task's reduction of them (TEI's /embed_all)
     token_ids: list[list[int]] | None = None  # token ids in place of texts (OpenAI's input)
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """What one task takes and gives as KServe tensors (Operation.tensors)."""
+    inputs: tuple[str, ...]
+    required: tuple[str, ...]
+    output: str
+    output_shape: list[int]  # -1: the batch (or an unknown size)
+    read: Callable[[dict[str, list[str]]], list[TextInput]]  # the named tensors as /predict's inputs
+    answer: Callable[[Any], np.ndarray]  # the operation's answer as the output tensor
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # parameters /infer always runs with
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A ranking: each text's score in the order sent, and the texts best first (the top_n of them; equal scores
+    keep the order they were sent in)."""
+    scores: np.ndarray
+    order: list[int]
+    texts: list[str] | None = None  # each text, where the request asked for them back
+
+    def best(self) -> list[tuple[int, float]]:
+        return [(i, float(self.scores[i])) for i in self.order]
 
 
 @dataclass(frozen=True)
@@ -195,6 +222,55 @@ class Operation(Generic[T, P]):
     def tensors(self) -> Tensors | None:
         """What KServe's /infer takes and gives for this task, where it serves it."""
         return None
+
+
+def same_length(values: list[str], texts: list[str], name: str) -> list[str]:
+    """A tensor that pairs with `texts`, one element each."""
+    if len(values) != len(texts):
+        raise ValidationError(f"{name} has {len(values)} elements and text {len(texts)}; they go in pairs")
+    return values
+
+
+class Doors(Protocol):
+    """What a family's route calls of its task's operation: the schema, the parameters, the two doors."""
+    def fields(self) -> dict[str, Schema]: ...
+    def chunking_fields(self) -> dict[str, Schema]: ...
+    def params(self, values: Mapping[str, Any] | None = None) -> Any: ...
+    def request(self, parsed: Any) -> Job: ...
+    def answer(self, rows: np.ndarray, encoded: list[Encoded], parsed: Any) -> Any: ...
+    def render(self, answer: Any, parsed: Any) -> Any: ...
+    def answer_doc(self) -> dict[str, Any]: ...
+
+
+class Embedder(Doors, Protocol):
+    """An embedding operation, as the dense routes (OpenAI, TEI, Cohere) read it."""
+    @property
+    def task(self) -> FeatureExtraction: ...
+    def dimensions_field(self) -> Integer: ...
+    def precision_field(self) -> Choice: ...
+    def vector_doc(self) -> dict[str, Any]: ...
+    def token_doc(self) -> dict[str, Any]: ...
+
+
+class SparseEmbedder(Doors, Protocol):
+    """A sparse (or hybrid) embedding operation, as TEI's /embed_sparse reads it."""
+    @property
+    def task(self) -> PromptedTask: ...
+    def selection(self) -> dict[str, Schema]: ...
+
+
+class MultiVectors(Doors, Protocol):
+    @property
+    def task(self) -> MultiVectorEmbedding: ...
+    def role_field(self) -> Schema: ...
+    def matrix_doc(self) -> dict[str, Any]: ...
+
+
+class Ranker(Doors, Protocol):
+    """A ranking operation, as TEI's and Cohere's rerank routes read it; its answer is a Ranked."""
+    @property
+    def task(self) -> Ranking: ...
+    def instruction_field(self) -> dict[str, Schema]: ...
 
 
 def _frozen(value: Any) -> Any:

@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from infinity.api import cohere, kserve, openai, tei
+from infinity.api import cohere, openai, tei
 from infinity.api.endpoint import Endpoint
 from infinity.api.hf import HF
-from infinity.api.operations.base import Operation, Params, Parsed, Served, prompt_fields
+from infinity.api.operations.base import Operation, Params, Parsed, Served, Tensors, prompt_fields
 from infinity.engine.job import Job
 from infinity.engine.tokenization import Encoded
 from infinity.manifest import TaskName
@@ -107,7 +107,7 @@ class FeatureExtractionOperation(Operation[FeatureExtraction, EmbeddingParams]):
         return [*openai.embeddings(self, at.limit, at.vocabulary, at.name, at.settings.openai_token_ids),
                 tei.embed(self, at.limit), *tokens, *cohere.embed_endpoints(self, at.limit)]
 
-    def tensors(self) -> kserve.Tensors:
-        return kserve.Tensors(("text",), ("text",), "embedding", [-1, self.task.dim or -1],
+    def tensors(self) -> Tensors:
+        return Tensors(("text",), ("text",), "embedding", [-1, self.task.dim or -1],
                               lambda named: list(named["text"]), np.asarray)
 

@@ -7,10 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from infinity.api import kserve, tei
+from infinity.api import tei
 from infinity.api.endpoint import Endpoint
 from infinity.api.hf import HF
-from infinity.api.operations.base import Parsed, Served, one_or_many, selection, sparse_vector_doc, texts_schema
+from infinity.api.operations.base import (
+    Parsed,
+    Served,
+    Tensors,
+    one_or_many,
+    selection,
+    sparse_vector_doc,
+    texts_schema,
+)
 from infinity.api.operations.feature_extraction import EMBEDDINGS, EmbeddingParams, FeatureExtractionOperation
 from infinity.engine.tokenization import Encoded
 from infinity.manifest import TaskName
@@ -70,9 +78,9 @@ class HybridEmbeddingOperation(FeatureExtractionOperation):
         """Feature-extraction's routes with the dense vectors, beside TEI's sparse route."""
         return [*FeatureExtractionOperation(self.task).routes(at), tei.embed_sparse(self, at.limit)]
 
-    def tensors(self) -> kserve.Tensors:
+    def tensors(self) -> Tensors:
         """The dense vectors."""
-        return kserve.Tensors(("text",), ("text",), "embedding", [-1, self.task.dim or -1],
+        return Tensors(("text",), ("text",), "embedding", [-1, self.task.dim or -1],
                               lambda named: list(named["text"]),
                               lambda answers: np.stack([each["dense"] for each in answers]),
                               fixed={"outputs": ["dense"]})

@@ -6,13 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from infinity.api import cohere, kserve, tei
+from infinity.api import cohere, tei
 from infinity.api.endpoint import Endpoint
 from infinity.api.hf import HF
-from infinity.api.operations.base import Operation, Params, Parsed, Served, pairs
+from infinity.api.operations.base import Operation, Params, Parsed, Ranked, Served, Tensors, pairs, same_length
 from infinity.engine.job import Job
 from infinity.engine.tokenization import Encoded, TextInput
-from infinity.errors import ValidationError
 from infinity.manifest import TaskName
 from infinity.schema import Array, Boolean, Integer, Object, Schema, Text
 from infinity.tasks.ranking import Ranking
@@ -25,18 +24,6 @@ class RankingParams(Params):
     raw_scores: bool
     instruction: str | None  # a causal reranker's task description (None: the manifest's)
     max_tokens_per_doc: int | None
-
-
-@dataclass(frozen=True)
-class Ranked:
-    """A ranking: each text's score in the order sent, and the texts best first (the top_n of them; equal scores
-    keep the order they were sent in)."""
-    scores: np.ndarray
-    order: list[int]
-    texts: list[str] | None = None  # each text, where the request asked for them back
-
-    def best(self) -> list[tuple[int, float]]:
-        return [(i, float(self.scores[i])) for i in self.order]
 
 
 class RankingOperation(Operation[Ranking, RankingParams]):
@@ -91,17 +78,12 @@ class RankingOperation(Operation[Ranking, RankingParams]):
     def routes(self, at: Served) -> list[Endpoint]:
         return [tei.rerank(self, at.limit), *cohere.endpoints(self, at.limit)]
 
-    def tensors(self) -> kserve.Tensors:
+    def tensors(self) -> Tensors:
         def ranked(named: dict[str, list[str]]) -> list[TextInput]:
             query = named["query"]
             queries = query * len(named["text"]) if len(query) == 1 else same_length(query, named["text"], "query")
             return list(zip(queries, named["text"]))
 
-        return kserve.Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
+        return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
                               lambda answer: answer.scores)
 
-
-def same_length(values: list[str], texts: list[str], name: str) -> list[str]:
-    if len(values) != len(texts):
-        raise ValidationError(f"{name} has {len(values)} elements and text {len(texts)}; they go in pairs")
-    return values

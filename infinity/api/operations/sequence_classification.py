@@ -7,9 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity.api import kserve
-from infinity.api.operations.base import Operation, Params, Parsed
-from infinity.api.operations.ranking import same_length
+from infinity.api.operations.base import Operation, Params, Parsed, Tensors, same_length
 from infinity.engine.tokenization import Encoded, TextInput
 from infinity.manifest import TaskName
 from infinity.schema import Array, Boolean, Choice, Integer, Object, OneOf, Schema, Text
@@ -90,12 +88,12 @@ class SequenceClassificationOperation(Operation[SequenceClassification, Classifi
     def render(self, answer: Classified, parsed: Parsed[ClassificationParams]) -> Any:
         return super().render(answer.best(), parsed)
 
-    def tensors(self) -> kserve.Tensors:
+    def tensors(self) -> Tensors:
         def read(named: dict[str, list[str]]) -> list[TextInput]:
             if "text_pair" not in named:
                 return list(named["text"])
             return list(zip(named["text"], same_length(named["text_pair"], named["text"], "text_pair")))
 
         labels = len(self.task.manifest.task.id2label or {}) or -1
-        return kserve.Tensors(("text", "text_pair"), ("text",), "scores", [-1, labels], read,
+        return Tensors(("text", "text_pair"), ("text",), "scores", [-1, labels], read,
                               lambda answer: answer.scores)
