@@ -67,7 +67,8 @@ class Step:
 class Example:
     page: Path
     line: int
-    servers: dict[int, tuple[str, tuple[str, ...]]]  # port in the page -> (SERVERS name, serve flags)
+    servers: dict[int | str, tuple[str, tuple[str, ...]]]  # port (or artifact directory) in the page -> (SERVERS
+    # name, serve flags)
     python: bool
     steps: list[Step]
 
@@ -106,14 +107,16 @@ def blocks(text: str) -> Iterator[tuple[int, str | None, str, list[str]]]:
         i += 1
 
 
-def servers_of(marker: str) -> dict[int, tuple[str, tuple[str, ...]]]:
-    named = {}
+def servers_of(marker: str) -> dict[int | str, tuple[str, tuple[str, ...]]]:
+    """Each port (`8080=NAME FLAGS`), or artifact directory as the page names it (`artifacts/x=NAME`: a Python block
+    that loads it in-process), and the suite artifact it stands for."""
+    named: dict[int | str, tuple[str, tuple[str, ...]]] = {}
     for part in marker.split(";"):
-        port, _, spec = part.strip().partition("=")
+        where, _, spec = part.strip().partition("=")
         name, *flags = shlex.split(spec)
         if name not in SERVERS:
             raise ValueError(f"unknown server {name!r} in <!-- example: {marker} -->; known: {', '.join(SERVERS)}")
-        named[int(port)] = (name, tuple(flags))
+        named[int(where) if where.isdigit() else where] = (name, tuple(flags))
     return named
 
 
@@ -259,10 +262,14 @@ def servers(artifacts) -> Iterator[Callable[[str, tuple[str, ...]], int]]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
-def test_example_answers_what_the_page_shows(example: Example, servers):
-    ports = {page_port: servers(*server) for page_port, server in example.servers.items()}
+def test_example_answers_what_the_page_shows(example: Example, servers, artifacts):
+    ports = {where: servers(*server) for where, server in example.servers.items() if isinstance(where, int)}
+    directories = {where: str(artifacts.artifact(*SERVERS[name])) for where, (name, _) in example.servers.items()
+                   if isinstance(where, str)}
 
     def local(text: str) -> str:
+        for where, directory in directories.items():
+            text = text.replace(f'"{where}"', repr(directory))
         return LOCAL_URL.sub(lambda m: f"127.0.0.1:{ports.get(int(m.group(1)), int(m.group(1)))}", text)
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

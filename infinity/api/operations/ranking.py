@@ -64,10 +64,8 @@ class RankingOperation(Operation[Ranking, RankingParams]):
 
     def answer(self, rows: np.ndarray, encoded: list[Encoded], parsed: Parsed[RankingParams]) -> Ranked:
         params = parsed.params
-        scores = self.task.scores(rows, params.raw_scores)
-        order = [int(i) for i in np.argsort(-scores, kind="stable")[:params.top_n]]
         texts = [str(pair[1]) for pair in parsed.inputs] if params.return_text else None
-        return Ranked(scores, order, texts)
+        return rank(self.task.scores(rows, params.raw_scores), params.top_n, texts)
 
     def render(self, answer: Ranked, parsed: Parsed[RankingParams]) -> Any:
         """The ranking in the shape /predict and TEI's /rerank answer."""
@@ -87,3 +85,7 @@ class RankingOperation(Operation[Ranking, RankingParams]):
         return Tensors(("query", "text"), ("query", "text"), "scores", [-1], ranked,
                               lambda answer: answer.scores)
 
+
+def rank(scores: np.ndarray, top_n: int | None = None, texts: list[str] | None = None) -> Ranked:
+    """Scores in the order sent, ranked best first (equal scores in the order sent), the top_n of them."""
+    return Ranked(scores, [int(i) for i in np.argsort(-scores, kind="stable")[:top_n]], texts)
