@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infinity import logs
+from infinity import corpus, logs
 from infinity.bundle import BUNDLE_FILE
 from infinity.engine.hostinfo import physical_cores
 from infinity.engine.preflight import check, choose, open_checked
@@ -76,8 +76,11 @@ def api_keys(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infinity", description="Serve one optimized artifact.")
+    parser = argparse.ArgumentParser(prog="infinity",
+                                     description="Serve one optimized artifact, or embed a corpus with it.")
     commands = parser.add_subparsers(dest="command", required=True)
+    corpus.add_arguments(commands.add_parser("embed", help="a corpus's vectors to Parquet or JSONL, in-process, "
+                                                           "resumable (docs/library.md)"))
     serve = commands.add_parser("serve", help="serve an artifact directory over HTTP")
     serve.add_argument("artifact", nargs="?", help=f"artifact directory, or a bundle of several targets' artifacts "
                        f"(the one this CPU fits is served) (or {ENV_PREFIX}ARTIFACT); "
@@ -209,6 +212,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     startup = Startup()
     args = build_parser().parse_args(argv)
+    if args.command == "embed":
+        return corpus.run(args)
     try:
         settings = settings_from(args, environ)
         logs.setup(settings.log_level, settings.json_logs)
