@@ -7,6 +7,7 @@ import dataclasses
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,6 @@ import onnxruntime as ort
 from infinity.api import operation_for
 from infinity.api.operations.base import Parsed
 from infinity.engine.batcher import overfull
-from infinity.engine.job import Job
 from infinity.engine.model import LoadedModel, artifact_tokenizer
 from infinity.engine.session import Engine
 from infinity.engine.tokenization import Encoded, TextInput, TextTokenizer
@@ -102,35 +102,29 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def row_values(task: OptimizerTask, model: LoadedModel, row: np.ndarray, item: Encoded) -> Any:
-    """The numbers parity compares, from one row of a served batch: the operation's answer to a request with every
-    default, as the model's task reads it."""
-    operation = operation_for(model.task)
-    return task.served_values(operation.answer(row[None], [item], Parsed([], operation.params())), row, item)
-
-
-def served_request(model: LoadedModel, inputs: list[TextInput]) -> Job:
-    """The inputs as a client's request with every default, built where the server builds every route's: the
-    default prompt, a multi-vector model's document role, a causal reranker's template."""
-    operation = operation_for(model.task)
-    return operation.request(Parsed(inputs, operation.params()))
-
-
 def run_served(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput], settings: Settings = DEFAULTS,
-               alone: bool = True) -> ServedOutputs:
+               alone: bool = True, values: Mapping[str, Any] | None = None) -> ServedOutputs:
     """Each input alone (a batch of one, as a lone request runs) and inside the inputs shuffled into
     mixed-length batches filled as the batcher fills them; both through the model's tokenizer and forward
-    (padding, engine, the task's reduction). `alone` False, for a graph whose answers cannot depend on their
-    batch: batched only, in batches of like lengths (the least padding), and `alone` answers the same."""
-    encoded = model.encode(served_request(model, inputs))
-    singles = [row_values(task, model, model.forward([e])[0], e) for e in encoded] if alone else []
+    (padding, engine, the task's reduction), and each row through the operation's answer with /predict's parameters
+    `values` (every default where absent), as the model's task reads it. `alone` False, for a graph whose answers
+    cannot depend on their batch: batched only, in batches of like lengths (the least padding), and `alone` answers
+    the same."""
+    operation = operation_for(model.task)
+    params = operation.params(values)
+
+    def answered(row: np.ndarray, item: Encoded) -> Any:
+        return task.served_values(operation.answer(row[None], [item], Parsed([], params)), row, item)
+
+    encoded = model.encode(operation.request(Parsed(inputs, params)))
+    singles = [answered(model.forward([e])[0], e) for e in encoded] if alone else []
     batched: list[Any] = [None] * len(inputs)
     largest = 0
     for indices in mixed_batches([len(e) for e in encoded], settings, shuffled=alone):
         largest = max(largest, len(indices))
         rows = model.forward([encoded[i] for i in indices])
         for row, i in zip(rows, indices):
-            batched[i] = row_values(task, model, row, encoded[i])
+            batched[i] = answered(row, encoded[i])
     return ServedOutputs(singles if alone else batched, batched, largest)
 
 
@@ -161,9 +155,7 @@ def mixed_batches(lengths: list[int], settings: Settings, shuffled: bool = True)
 def embedding_ranges(task: OptimizerTask, model: LoadedModel, inputs: list[TextInput]) -> dict[str, list[list[float]]]:
     """Each dimension's [minimums, maximums] over the vectors the server answers for `inputs`, normalized and not:
     the ranges of int8 and uint8 embeddings."""
-    raw = dataclasses.replace(model, manifest=dataclasses.replace(
-        model.manifest, task=dataclasses.replace(model.manifest.task, normalize=False)))
-    answers = run_served(task, raw, inputs, alone=False).batched
+    answers = run_served(task, model, inputs, alone=False, values={"normalize": False}).batched
     rows = np.stack([a.dense if isinstance(a, HybridAnswer) else a for a in answers])
     ranges = {}
     for name, vectors in (("normalized", l2_normalize(rows)), ("unnormalized", rows)):
