@@ -52,6 +52,15 @@ def verify_checksums(directory: Path | str, manifest: Manifest) -> None:
                                 f"file is {actual[:12]}...")
 
 
+def staging_beside(destination: Path) -> Path:
+    """A new empty folder beside `destination` to write it in (write_atomically then moves it into place), readable
+    by the unprivileged user the server runs as."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.tmp-", dir=destination.parent))
+    staging.chmod(0o755)
+    return staging
+
+
 def write_atomically(staging: Path, destination: Path) -> None:
     """Move a fully written staging directory to its destination in one rename."""
     destination = Path(destination).resolve()

@@ -44,11 +44,9 @@ class Settings:
                                               "length, queued together, and answered whole; more than this: 413")
     max_payload_bytes: int = option(1_000_000, "request body limit in bytes")
     chunk_long_inputs: bool = option(False, "run a text longer than the model's maximum length whole, in windows of "
-                                            "that length: a dense embedding's pooled windows averaged by token "
-                                            "count, a max-pooled sparse embedding's largest weights over them, a "
-                                            "multi-vector document's token vectors one window after another, "
-                                            "bge-m3's heads each by its rule, a ranker's best window beside the "
-                                            "whole query (a request's chunking field overrides it)")
+                                            "that length, joined by its task's rule (the chunking field in "
+                                            "/openapi.json says this model's; a request's chunking field overrides "
+                                            "it)")
     chunk_overlap: int = option(0, "tokens each window repeats from the end of the one before it, with chunking")
     max_chunks_per_input: int = option(64, "windows one text may take with chunking; more is answered 413")
     tokenizer_workers: int = option(2, "threads that tokenize and post-process")

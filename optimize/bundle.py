@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from infinity.artifact import sha256_file, write_atomically
+from infinity.artifact import sha256_file, staging_beside, write_atomically
 from infinity.bundle import Bundle, BundleTarget
 from infinity.manifest import Manifest
 from optimize.pipeline import Builds, Log, OptimizeOptions, ParityFailed
@@ -31,9 +30,7 @@ def optimize_bundle(options: OptimizeOptions, targets: Sequence[str], log: Log =
     `options.out`/<target>, and bundle.json listing them; nothing is written unless every target is. The stages
     before quantize run once for all of them (`Builds`)."""
     out = Path(options.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o755)  # readable by the unprivileged user the server runs as
+    staging = staging_beside(out)
     try:
         manifests = []
         with Builds(log) as builds:

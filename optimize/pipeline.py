@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infinity.artifact import sha256_file, write_atomically
+from infinity.artifact import sha256_file, staging_beside, write_atomically
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import artifact_tokenizer
 from infinity.engine.tokenization import TextInput, TextTokenizer
@@ -135,9 +135,7 @@ class Builds:
         task = task_for(options.task)
         task.check_thresholds(options.thresholds or {})
         out = Path(options.out).resolve()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        staging.chmod(0o755)  # readable by the unprivileged user the server runs as
+        staging = staging_beside(out)
         scratch = Path(tempfile.mkdtemp(dir=self.work))  # the target's own: gone once it is written
         try:
             self.log(f"multiverse: {options.model} -> {task.name} for {preset.name} ({precision})")

@@ -108,13 +108,25 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
         }}),
 )}
 
-CPU_PREFERENCE = ("icelake", "skylake", "avx2")
-# Every CPU target, best first: CPU_PREFERENCE with each target that shares a recipe beside its twin. A bundle lists
-# its targets in this order, and the server serves the first one a host's flags fit, as `auto` picks.
-CPU_ORDER = ("icelake", "cascadelake", "skylake", "avx2")
+# Every CPU target, best first, in PRESETS' order. A bundle lists its targets in this order, and the server serves the
+# first one a host's flags fit, as `auto` picks.
+CPU_ORDER = tuple(name for name, preset in PRESETS.items() if not preset.is_gpu)
+
+
+def _twin(name: str, before: tuple[str, ...]) -> bool:
+    """A target that needs the flags and builds the recipe of one before it (cascadelake: icelake's)."""
+    preset = PRESETS[name]
+    return any((PRESETS[other].required_cpu_flags, PRESETS[other].quantization)
+               == (preset.required_cpu_flags, preset.quantization) for other in before)
+
+
+# What `auto` chooses among: CPU_ORDER less the twins.
+CPU_PREFERENCE = tuple(name for i, name in enumerate(CPU_ORDER) if not _twin(name, CPU_ORDER[:i]))
 # `--target cpu`: every CPU recipe the optimizer builds, once each, under the target that needs the fewest flags
-# (cascadelake writes icelake's graph and needs the same flags; skylake writes avx2's, which a Skylake host picks)
-CPU_BUNDLE = ("icelake", "avx2")
+# (skylake writes avx2's graph, which a Skylake host picks)
+CPU_BUNDLE = tuple(dict.fromkeys(
+    min((other for other in CPU_ORDER if PRESETS[other].quantization == PRESETS[name].quantization),
+        key=lambda other: len(PRESETS[other].required_cpu_flags)) for name in CPU_ORDER))
 
 
 def resolve_target(name: str, flags: frozenset[str] | None = None) -> TargetPreset:

@@ -151,8 +151,8 @@ def test_fp32_windows_with_overlap_match_the_reference_and_the_limits_are_one_li
 
 @pytest.mark.parametrize(("args", "said"), [
     (("--chunk-long-inputs",), "--chunk-long-inputs runs long texts in windows for embeddings pooled in the "
-                               "server, max-pooled sparse embeddings, multi-vector documents and rankers; this "
-                               "artifact serves sequence-classification"),
+                               "server, max-pooled sparse embeddings, bge-m3's heads, multi-vector documents and "
+                               "rankers; this artifact serves sequence-classification"),
     (("--chunk-overlap", "254"), "--chunk-overlap 254 leaves no new tokens in a window of 254"),
 ])
 def test_chunking_the_model_cannot_take_is_refused_at_start(args: tuple[str, ...], said: str,

@@ -102,7 +102,7 @@ def create_app(router: Router) -> Starlette:
     def failed(path: str) -> None:
         service.metrics.failed(router.route_label(path), ErrorType.INTERNAL)
 
-    families = {e.path: e.family for e in router.routes}
+    families = router.families
     middleware = [Middleware(Observed, observers=router.observers),
                   Middleware(LastResort, failed=failed, families=families),
                   Middleware(ApiKeys, keys=settings.api_keys, guarded=guarded)]

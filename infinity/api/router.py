@@ -56,8 +56,13 @@ class Router:
         return {path: canned(*endpoint.family.error(ErrorType.OVERLOADED, "the server is at capacity; retry later"),
                              retry_after, close=False) for path, endpoint in self.inference.items()}
 
+    @cached_property
+    def families(self) -> dict[str, Family]:
+        """Each route's API family, whose error shape its answers take."""
+        return {endpoint.path: endpoint.family for endpoint in self.routes}
+
     def family(self, path: str) -> Family:
-        return next((endpoint.family for endpoint in self.routes if endpoint.path == path), HF)
+        return self.families.get(path, HF)
 
     def route_label(self, path: str) -> str:
         """A metrics label: the route's path, never a raw path a client made up."""

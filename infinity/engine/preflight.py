@@ -16,6 +16,7 @@ from infinity.errors import StartupError
 from infinity.manifest import Manifest, ManifestError
 from infinity.settings import Settings
 from infinity.startup import Startup
+from infinity.tasks.base import WINDOWED
 
 log = logging.getLogger("infinity.preflight")
 
@@ -100,8 +101,7 @@ def open_checked(directory: Path, settings: Settings, threads: int, startup: Sta
 def check_chunking(model: LoadedModel, settings: Settings) -> None:
     if settings.chunk_long_inputs and not model.task.windowed:
         why = {"feature-extraction": " and pools in its graph", "sparse-embedding": " with sum pooling"}
-        raise StartupError(f"--chunk-long-inputs runs long texts in windows for embeddings pooled in the server, "
-                           f"max-pooled sparse embeddings, multi-vector documents and rankers; this artifact serves "
+        raise StartupError(f"--chunk-long-inputs runs long texts in windows for {WINDOWED}; this artifact serves "
                            f"{model.task.name}" + why.get(model.task.name, ""))
     if model.task.windowed and settings.chunk_overlap >= model.tokenizer.window_tokens():
         raise StartupError(f"--chunk-overlap {settings.chunk_overlap} leaves no new tokens in a window of "

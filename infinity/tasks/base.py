@@ -12,6 +12,10 @@ from infinity.engine.tokenization import Encoded, TextInput, concatenated
 from infinity.errors import ValidationError
 from infinity.manifest import Manifest
 
+# the tasks that run a long text whole, in windows: every message about chunking names them so
+WINDOWED = ("embeddings pooled in the server, max-pooled sparse embeddings, bge-m3's heads, multi-vector documents "
+            "and rankers")
+
 
 class Task:
     name: str = ""
@@ -63,8 +67,7 @@ class Task:
 
     def joined_windows(self, rows: np.ndarray, windows: list[list[Encoded]]) -> np.ndarray:
         """One row per text from the rows of its windows, where the task defines it."""
-        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves embeddings pooled "
-                              "in the server, max-pooled sparse embeddings, multi-vector documents and rankers")
+        raise ValidationError(f"{self.name} does not run long texts in windows; chunking serves {WINDOWED}")
 
     def token_vectors(self, output: np.ndarray) -> np.ndarray:
         """Every token's vector of the padded engine output (batch x tokens x dim), where the graph answers them."""

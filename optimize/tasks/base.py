@@ -289,3 +289,22 @@ class ClassifierHead(OptimizerTask):
         raise UnsupportedModel(f"{source.path.name} has no trained {self.name} head (missing {missing}): pass a "
                                f"checkpoint fine-tuned for {self.name}, or --task feature-extraction for its "
                                "embeddings")
+
+
+def st_modules(module: str, *names: str) -> list[Any]:
+    """sentence-transformers' module classes, from where versions 3 to 5 all name them (`module`), imported without
+    the deprecation warning newer ones give there."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        found = importlib.import_module(module)
+    return [getattr(found, name) for name in names]
+
+
+def st_backbone(kind: Any, source: SourceModel) -> Any:
+    """The source model as a sentence-transformers backbone module of `kind` (Transformer, MLMTransformer), at the
+    artifact's maximum length."""
+    trust = {"trust_remote_code": source.trust_remote_code}
+    return kind(str(source.path), max_seq_length=source.max_length, model_args=trust, config_args=trust)

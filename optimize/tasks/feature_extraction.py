@@ -20,7 +20,7 @@ from optimize.checkpoint import (
 )
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, SourceModel, with_modules
+from optimize.tasks.base import OptimizerTask, SourceModel, st_backbone, st_modules, with_modules
 from optimize.tasks.hybrid_embedding import M3_HEADS
 
 if TYPE_CHECKING:
@@ -124,19 +124,13 @@ class FeatureExtractionTask(OptimizerTask):
 def sentence_transformer(source: SourceModel) -> Any:
     """The model as sentence-transformers runs it: its own modules, or (without them) the transformers model
     followed by the Pooling module the artifact declares."""
-    import warnings
-
     from sentence_transformers import SentenceTransformer
 
     if source.sentence_transformers and any(m.kind == "Pooling" for m in read_modules(source.path)):
         return SentenceTransformer(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        # sentence-transformers 3 to 5 name them only here
-        from sentence_transformers.models import Pooling, Transformer  # type: ignore[import-not-found]
-    trust = {"trust_remote_code": source.trust_remote_code}
-    backbone = Transformer(str(source.path), max_seq_length=source.max_length, model_args=trust, config_args=trust)
+    transformer, pooled = st_modules("sentence_transformers.models", "Transformer", "Pooling")
+    backbone = st_backbone(transformer, source)
     modes = source.facts.pooling.split("+")  # type: ignore[union-attr]  # feature-extraction always has one
-    pooling = Pooling(backbone.get_embedding_dimension(), pooling_mode=modes[0] if len(modes) == 1 else tuple(modes))
+    pooling = pooled(backbone.get_embedding_dimension(), pooling_mode=modes[0] if len(modes) == 1 else tuple(modes))
     return SentenceTransformer(modules=[backbone, pooling], device="cpu")
 

@@ -11,7 +11,7 @@ from infinity.manifest import SPLADE, SPLADE_MAX_LOGITS, SPLADE_SETTINGS, TaskFa
 from optimize.checkpoint import Checkpoint, Module, prompts, read_json
 from optimize.measure import agreement
 from optimize.measure.agreement import Outputs
-from optimize.tasks.base import OptimizerTask, SourceModel, UnsupportedModel, head, output_hook
+from optimize.tasks.base import OptimizerTask, SourceModel, UnsupportedModel, head, output_hook, st_backbone, st_modules
 
 if TYPE_CHECKING:
     pass
@@ -126,16 +126,10 @@ def splade_model(model: Any, settings: dict[str, str]) -> tuple[Any, str]:
 def sparse_encoder(source: SourceModel) -> Any:
     """The model as sentence-transformers' SparseEncoder runs it: its own modules, or (a bare masked-LM) its
     logits through SpladePooling with the artifact's settings."""
-    import warnings
-
     from sentence_transformers import SparseEncoder
 
     if source.sentence_transformers:
         return SparseEncoder(str(source.path), device="cpu", trust_remote_code=source.trust_remote_code)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        # sentence-transformers 5 names them only here
-        from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling  # type: ignore[import-not-found]
-    trust = {"trust_remote_code": source.trust_remote_code}
-    backbone = MLMTransformer(str(source.path), max_seq_length=source.max_length, model_args=trust, config_args=trust)
-    return SparseEncoder(modules=[backbone, SpladePooling(**(source.facts.splade or {}))], device="cpu")
+    transformer, splade = st_modules("sentence_transformers.sparse_encoder.models", "MLMTransformer", "SpladePooling")
+    backbone = st_backbone(transformer, source)
+    return SparseEncoder(modules=[backbone, splade(**(source.facts.splade or {}))], device="cpu")

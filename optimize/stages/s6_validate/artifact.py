@@ -7,18 +7,13 @@ from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
 from optimize.stages.s1_load import load_source
 from optimize.stages.s4_reference import torch_reference
-from optimize.stages.s6_validate.served import CPU, ServedParity, provider, served_parity, target_providers
+from optimize.stages.s6_validate.served import ServedParity, on_target, served_parity
 from optimize.tasks.ranking import RERANKER_FIELDS
 
 
 def _load(artifact: Path, threads: int) -> LoadedModel:
-    """On the target's own provider where this host can create it (a GPU target on its GPU), else on the CPU."""
-    providers = target_providers(Manifest.load(artifact))
-    if providers:
-        served = LoadedModel.load(artifact, threads=threads or None, providers=providers, spin_wait=False)
-        if provider(served) == providers[0]:
-            return served
-    return LoadedModel.load(artifact, threads=threads or None, providers=[CPU], spin_wait=False)
+    return on_target(Manifest.load(artifact), lambda providers: LoadedModel.load(
+        artifact, threads=threads or None, providers=providers, spin_wait=False))
 
 
 def validate_artifact(artifact: Path | str, model: str | None = None, threads: int = 0) -> ServedParity:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import random
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,17 +77,23 @@ def target_providers(manifest: Manifest) -> list[str] | None:
     return wanted if wanted[0] != CPU and wanted[0] in ort.get_available_providers() else None
 
 
-def load_as_served(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0,
-                   tokenizer: TextTokenizer | None = None) -> LoadedModel:
-    """load_candidate on the target's own provider where this host can create it, else on the CPU's.
+def on_target(manifest: Manifest, load: Callable[[list[str]], LoadedModel]) -> LoadedModel:
+    """`load` (given the providers) on the target's own provider where this host can create it, else on the CPU's.
     onnxruntime lists a GPU provider whenever its library is installed and falls back to the CPU when the device
     or its CUDA libraries are missing: the session says what it got."""
     providers = target_providers(manifest)
     if providers:
-        model = load_candidate(directory, manifest, model_path, threads, tokenizer, providers)
+        model = load(providers)
         if provider(model) == providers[0]:
             return model
-    return load_candidate(directory, manifest, model_path, threads, tokenizer)
+    return load([CPU])
+
+
+def load_as_served(directory: Path, manifest: Manifest, model_path: Path, threads: int = 0,
+                   tokenizer: TextTokenizer | None = None) -> LoadedModel:
+    """load_candidate as the target is served (on_target)."""
+    return on_target(manifest, lambda providers: load_candidate(directory, manifest, model_path, threads, tokenizer,
+                                                                providers))
 
 
 def provider(model: LoadedModel) -> str:
