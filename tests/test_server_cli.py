@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,20 @@ def test_a_changed_file_is_refused(editable: Path, capsys: pytest.CaptureFixture
     with open(editable / "tokenizer.json", "a") as handle:
         handle.write(" ")
     assert "checksum mismatch for tokenizer.json" in refusal(editable, capsys)
+
+
+def test_a_broken_artifact_is_refused_as_such_while_another_process_holds_the_port(
+        editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README command 2 run beside command 1's server: the artifact's refusal, not the port's."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with open(editable / "tokenizer.json", "a") as handle:
+            handle.write(" ")
+        assert "checksum mismatch for tokenizer.json" in refusal(editable, capsys, "--port", port)
+        (editable / "tokenizer.json").write_bytes((editable / "tokenizer.json").read_bytes()[:-1])
+        assert "address already in use" in refusal(editable, capsys, "--port", port)  # once it is whole
 
 
 def test_an_unknown_schema_version_is_refused(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
