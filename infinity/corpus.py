@@ -48,7 +48,6 @@ class Stop(Exception):
 
 @dataclass(frozen=True)
 class Row:
-    where: str  # "line 17" (JSONL, text), "row 17, line 18" (CSV), "row 17" (Parquet)
     id: Any
     text: str
 
@@ -120,8 +119,8 @@ def embed_corpus(args: argparse.Namespace) -> int:
     written = OUTPUTS.get(out.suffix.lower())
     if written is None:
         raise Stop(2, f"{out}: the output is .parquet or .jsonl")
-    for needed in {kind, written} & {"parquet"}:
-        _pyarrow(needed)
+    if "parquet" in (kind, written):
+        _require_pyarrow()
     params = {name: value for name, value in (("precision", args.precision), ("dimensions", args.dimensions),
                                               ("prompt_name", args.prompt_name), ("normalize", args.normalize))
               if value is not None}
@@ -166,11 +165,9 @@ def embed_corpus(args: argparse.Namespace) -> int:
     return DONE
 
 
-def _pyarrow(what: str) -> Any:
+def _require_pyarrow() -> None:
     try:
-        import pyarrow
-
-        return pyarrow
+        import pyarrow  # noqa: F401
     except ImportError:
         raise Stop(FAILED, PARQUET_NEEDS) from None
 
@@ -207,7 +204,7 @@ def read_rows(path: Path, kind: str, text_field: str, id_field: str | None) -> I
         else:
             for number, line in enumerate(handle, 1):
                 text = line.rstrip("\r\n")
-                yield Row(f"line {number}", number - 1, text) if not blank(text) else \
+                yield Row(number - 1, text) if not blank(text) else \
                     Malformed(f"line {number}: the line is empty")
 
 
@@ -228,10 +225,10 @@ def _row(value: dict[str, Any], index: int, where: str, text_field: str, id_fiel
     if blank(text):
         return Malformed(f"{where}: {text_field!r} is empty")
     if id_field is None:
-        return Row(where, index, text)
+        return Row(index, text)
     if value.get(id_field) is None:
         return Malformed(f"{where}: no {id_field!r} field")
-    return Row(where, value[id_field], text)
+    return Row(value[id_field], text)
 
 
 def _csv_rows(handle: TextIO, text_field: str, id_field: str | None) -> Iterator[Row | Malformed]:
