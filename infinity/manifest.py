@@ -39,6 +39,7 @@ class Precision(Named):
     INT8 = "int8"
     FP32 = "fp32"
     FP16 = "fp16"
+    BF16 = "bf16"  # a float graph OpenVINO runs in bfloat16 on AMX tiles (infinity/engine/openvino.py)
 
 
 class Activations(Named):

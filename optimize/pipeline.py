@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infinity.artifact import sha256_file, staging_beside, write_atomically
+from infinity.engine import openvino
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.engine.model import artifact_tokenizer
 from infinity.engine.tokenization import TextInput, TextTokenizer
@@ -132,6 +133,9 @@ class Builds:
         precision = Precision(options.precision or preset.default_precision)
         if precision not in preset.precisions:
             raise ValueError(f"target {preset.name} offers precisions {', '.join(preset.precisions)}, not {precision}")
+        if preset.providers_for(precision)[0] == openvino.PROVIDER and not openvino.installed():
+            raise ValueError(f"{preset.name}'s {precision} runs on OpenVINO, and its parity is checked there: "
+                             f"{openvino.EXTRA}")
         task = task_for(options.task)
         task.check_thresholds(options.thresholds or {})
         out = Path(options.out).resolve()
@@ -264,7 +268,7 @@ class Build:
     def draft(self, source: SourceModel, input_names: list[str], extra: list[str], fused: Path) -> Manifest:
         """The manifest before parity: what every candidate graph is loaded with, as the server loads it."""
         options, preset = self.options, self.preset
-        provider_options = {name: dict(opts) for name, opts in preset.provider_options.items()}
+        provider_options = preset.options_for(self.precision)
         if "TensorrtExecutionProvider" in provider_options:
             provider_options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, source.max_length))
         thresholds = {**self.task.thresholds, **(options.thresholds or {})}
@@ -272,10 +276,11 @@ class Build:
             source=Source(model=str(options.model), task=self.task.name, revision=_revision(source.path),
                           model_type=source.model_type, library_versions=library_versions(),
                           model_id=source.model_id, trust_remote_code=source.trust_remote_code),
-            target=Target(name=preset.name, providers=list(preset.providers),
-                          # Only the INT8 recipe depends on the instruction set; a float graph runs on any CPU.
-                          required_cpu_flags=list(preset.required_cpu_flags) if self.precision == Precision.INT8
-                          else [], provider_options=provider_options),
+            target=Target(name=preset.name, providers=list(preset.providers_for(self.precision)),
+                          # Only INT8 and BF16 depend on the instruction set; an fp32 or fp16 graph runs on any CPU.
+                          required_cpu_flags=list(preset.required_cpu_flags)
+                          if self.precision in (Precision.INT8, Precision.BF16) else [],
+                          provider_options=provider_options),
             model=describe_model(fused, self.precision),
             tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(self.staging / "tokenizer.json"),
                                     max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
@@ -354,6 +359,10 @@ class Build:
         self.log("  held-out, worst of alone and batched: "
                  + ", ".join(f"{k}={v:.4f}" for k, v in checked.result.metrics.items()))
         self.log("  batch invariance: " + ", ".join(f"{k}={v:.4g}" for k, v in checked.batch_invariance.items()))
+        if self.precision == Precision.BF16:
+            notes.append(f"BF16 validated on {checked.provider} (OpenVINO's bfloat16 arithmetic where the CPU has it, "
+                         "as served); answers alone and batched differ by up to "
+                         f"{checked.batch_invariance['max_abs_diff']:.2g}")
         if self.precision == Precision.FP16:
             notes.append(f"FP16 validated on {checked.provider} (the GPU's fp16 arithmetic, as served)"
                          if checked.provider != CPU

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from infinity.bundle import choose_target
 from infinity.engine.hostinfo import cpu_flags
+from infinity.engine.openvino import PROVIDER as OPENVINO
 from infinity.manifest import Activations, Precision, WeightRounding, WeightType
 from optimize.stages.s5_quantize.config import CALIBRATED_ROLES, QuantizationConfig
 
@@ -18,10 +19,20 @@ class TargetPreset:
     required_cpu_flags: tuple[str, ...] = ()
     quantization: QuantizationConfig | None = None
     provider_options: dict[str, dict[str, str | int | bool]] = field(default_factory=dict)
+    # precisions another engine serves than `providers` (sapphirerapids' bf16: OpenVINO's)
+    engines: dict[Precision, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if Precision.INT8 in self.precisions and self.quantization is None:
             raise ValueError(f"preset {self.name} offers int8 without a quantization config")
+
+    def providers_for(self, precision: Precision) -> tuple[str, ...]:
+        return self.engines.get(precision, self.providers)
+
+    def options_for(self, precision: Precision) -> dict[str, dict[str, str | int | bool]]:
+        """The provider options of the providers that serve `precision`, each a copy."""
+        return {name: dict(options) for name, options in self.provider_options.items()
+                if name in self.providers_for(precision)}
 
     @property
     def default_precision(self) -> Precision:
@@ -68,6 +79,16 @@ def tensorrt_profiles(input_names: list[str], max_length: int) -> dict[str, str]
 
 
 PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
+    TargetPreset(
+        "sapphirerapids",
+        "AMX (Sapphire, Emerald and Granite Rapids): int8 is Ice Lake's per-token recipe, whose u8 x s8 products "
+        "onnxruntime runs on the AMX tiles here (answers exact alone and batched; a bundle serves it as icelake's "
+        "graph, byte for byte); bf16 (asked for) is the fused float graph on OpenVINO's CPU plugin inside "
+        "onnxruntime, bfloat16 on the tiles: faster from 64 tokens or a batch up, closer to fp32, but its answers "
+        "move with their batch by up to about 1e-3.",
+        _CPU, (Precision.INT8, Precision.BF16, Precision.FP32), ("avx512f", "avx512_vnni", "amx_int8", "amx_bf16"),
+        PER_TOKEN_ON_VNNI, provider_options={OPENVINO: {"INFERENCE_PRECISION_HINT": "bf16"}},
+        engines={Precision.BF16: (OPENVINO, "CPUExecutionProvider")}),
     TargetPreset(
         "icelake",
         "AVX-512 VNNI: per-token INT8 (one scale per token: an answer never depends on its batch), SmoothQuant "

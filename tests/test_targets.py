@@ -19,7 +19,7 @@ from tests.models import FAMILIES, VARIANTS
 from tests.servers import running
 
 # targets that share another's recipe: built once here, and their graphs compared with the other's
-SAME_RECIPE = {"skylake": "avx2", "cascadelake": "icelake"}
+SAME_RECIPE = {"skylake": "avx2", "cascadelake": "icelake", "sapphirerapids": "icelake"}
 RECIPES = ("avx2", "icelake")
 TEXTS = ["rivet", "What is the capital of France?", "def f(x): return x * 2", "a " * 150 + "beyond the maximum"]
 VNNI_HOST = bool(set(VNNI_FLAGS) & cpu_flags())

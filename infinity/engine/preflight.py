@@ -8,6 +8,7 @@ import onnxruntime
 
 from infinity.artifact import verify_present
 from infinity.bundle import BUNDLE_FILE, BundleError, Selection, select
+from infinity.engine import openvino
 from infinity.engine.hostinfo import cpu_flags, missing_cpu_flags
 from infinity.engine.model import LoadedModel
 from infinity.engine.session import EngineError
@@ -64,7 +65,10 @@ def check(directory: Path, settings: Settings, selection: Selection | None = Non
         if not settings.allow_cpu_mismatch:
             raise StartupError(f"{message}; pass --allow-cpu-mismatch to serve it anyway")
         log.warning("%s; serving anyway (--allow-cpu-mismatch)", message)
-    available = onnxruntime.get_available_providers()
+    if manifest.target.providers[0] == openvino.PROVIDER and not openvino.installed():
+        raise StartupError(f"the {manifest.target.name!r} target's {manifest.model.precision} graph runs on "
+                           f"OpenVINO, whose onnxruntime plugin is not installed: {openvino.EXTRA}")
+    available = [*onnxruntime.get_available_providers(), openvino.PROVIDER]
     absent = [p for p in manifest.target.providers if p not in available]
     if absent:
         raise StartupError(f"the {manifest.target.name!r} target needs {', '.join(absent)}, which this "

@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from infinity.artifact import artifact_file
+from infinity.engine import openvino
 from infinity.engine.tokenization import Batch
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
@@ -52,10 +53,14 @@ class Engine:
             ort.disable_telemetry_events()  # no usage events leave the server
         options = session_options(threads, spin_wait, spin_wait_us)
         providers = providers or manifest.target.providers
-        provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
-        self.session = ort.InferenceSession(str(artifact_file(directory, manifest.model.file)), options,
-                                            providers=providers, provider_options=provider_options,
-                                            disabled_optimizers=DISABLED_OPTIMIZERS)
+        path = str(artifact_file(directory, manifest.model.file))
+        if providers[0] == openvino.PROVIDER:
+            openvino.attach(options, manifest.target.provider_options.get(openvino.PROVIDER, {}), threads)
+            self.session = ort.InferenceSession(path, options, disabled_optimizers=DISABLED_OPTIMIZERS)
+        else:
+            provider_options = [manifest.target.provider_options.get(p, {}) for p in providers]
+            self.session = ort.InferenceSession(path, options, providers=providers, provider_options=provider_options,
+                                                disabled_optimizers=DISABLED_OPTIMIZERS)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_name = self.session.get_outputs()[0].name
 

@@ -17,6 +17,7 @@ import onnxruntime as ort
 
 from infinity.api import operation_for
 from infinity.api.operations.base import Parsed
+from infinity.engine import openvino
 from infinity.engine.batcher import overfull
 from infinity.engine.model import LoadedModel, artifact_tokenizer
 from infinity.engine.session import Engine
@@ -71,10 +72,11 @@ def load_candidate(directory: Path, manifest: Manifest, model_path: Path, thread
 
 
 def target_providers(manifest: Manifest) -> list[str] | None:
-    """A GPU target's providers where this onnxruntime offers its first one: its parity is then measured on the
-    device that serves it (fp16 arithmetic on the GPU, not fp16 weights in fp32 arithmetic on the CPU)."""
+    """A GPU target's (or OpenVINO's) providers where this onnxruntime offers its first one: its parity is then
+    measured on what serves it (fp16 arithmetic on the GPU, not fp16 weights in fp32 arithmetic on the CPU)."""
     wanted = manifest.target.providers
-    return wanted if wanted[0] != CPU and wanted[0] in ort.get_available_providers() else None
+    offered = wanted[0] in ort.get_available_providers() or (wanted[0] == openvino.PROVIDER and openvino.installed())
+    return wanted if wanted[0] != CPU and offered else None
 
 
 def on_target(manifest: Manifest, load: Callable[[list[str]], LoadedModel]) -> LoadedModel:
