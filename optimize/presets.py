@@ -83,9 +83,9 @@ PRESETS: dict[str, TargetPreset] = {p.name: p for p in (
         "sapphirerapids",
         "AMX (Sapphire, Emerald and Granite Rapids): int8 is Ice Lake's per-token recipe, whose u8 x s8 products "
         "onnxruntime runs on the AMX tiles here (answers exact alone and batched; a bundle serves it as icelake's "
-        "graph, byte for byte); bf16 (asked for) is the fused float graph on OpenVINO's CPU plugin inside "
-        "onnxruntime, bfloat16 on the tiles: faster from 64 tokens or a batch up, closer to fp32, but its answers "
-        "move with their batch by up to about 1e-3.",
+        "graph, byte for byte); bf16 (asked for) is the exported float graph, which OpenVINO's CPU plugin inside "
+        "onnxruntime fuses and runs whole in bfloat16 on the tiles: OpenVINO's own speed, closer to fp32, faster "
+        "than int8 from about 64 tokens or a batch up, but its answers move with their batch by up to about 1e-3.",
         _CPU, (Precision.INT8, Precision.BF16, Precision.FP32), ("avx512f", "avx512_vnni", "amx_int8", "amx_bf16"),
         PER_TOKEN_ON_VNNI, provider_options={OPENVINO: {"INFERENCE_PRECISION_HINT": "bf16"}},
         engines={Precision.BF16: (OPENVINO, "CPUExecutionProvider")}),
@@ -204,4 +204,8 @@ MEASURED: dict[str, str] = {
                 "at 1.10-1.16x the time; on Zen 5 (family 26) 0.75/1.98/7.35/11.2/118 against 0.62/1.85/7.05/11.3/123 "
                 "and 0.77/2.11/7.44/11.2/121"),
     "cascadelake": "as icelake (same recipe); not measured on a Cascade Lake host",
+    "sapphirerapids": ("2-vCPU Intel Xeon (family 6, model 167, AMX), in-process ms at b1 s8/64/256, b16 s64, b32 s128 "
+                       "(python -m bench openvino): all-MiniLM-L6-v2 int8 1.01/2.93/11.5/27.9/155, bf16 "
+                       "1.42/2.62/9.31/23.7/95.8, OpenVINO's own bf16 1.60/2.85/9.64/23.9/98.6; held-out cosine_min "
+                       "0.9950 / 0.9999 / 0.9999, alone vs batched 0 / 6.9e-4 / 8.3e-4 (docs/benchmarks.md)"),
 }

@@ -40,6 +40,9 @@ def _devices() -> list[ort.OrtEpDevice]:
 
 def attach(options: ort.SessionOptions, properties: dict[str, str | int | bool], threads: int | None) -> None:
     """Run the session's graph on OpenVINO's CPU plugin with `properties` (INFERENCE_PRECISION_HINT, ...)."""
+    # the whole graph or nothing: a node OpenVINO does not take would run apart on onnxruntime's CPU provider, in
+    # fp32, between copies (mpnet's fused attention: 0.73x OpenVINO's own time); the session then fails to load
+    options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     config = {key: str(value) for key, value in properties.items()}
     if threads:
         config["INFERENCE_NUM_THREADS"] = str(threads)
