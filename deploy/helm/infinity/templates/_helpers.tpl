@@ -32,10 +32,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{/* The Node Feature Discovery labels (feature.node.kubernetes.io/cpu-cpuid.<FLAG>) of each target's required CPU
 flags (optimize/presets.py); none: no CPU-flag affinity. */}}
 {{- define "infinity.cpuFlags" -}}
-{{- $flags := dict "icelake" (list "AVX512F" "AVX512VNNI") "cascadelake" (list "AVX512F" "AVX512VNNI")
+{{- $flags := dict "sapphirerapids" (list "AVX512F" "AVX512VNNI" "AMXINT8" "AMXBF16")
+                   "icelake" (list "AVX512F" "AVX512VNNI") "cascadelake" (list "AVX512F" "AVX512VNNI")
                    "skylake" (list "AVX512F" "AVX512BW") "avx2" (list "AVX2") "none" (list) -}}
 {{- if not (hasKey $flags .Values.target) }}
-{{- fail (printf "target %q: choose icelake, cascadelake, skylake, avx2 or none" .Values.target) }}
+{{- fail (printf "target %q: choose sapphirerapids, icelake, cascadelake, skylake, avx2 or none" .Values.target) }}
 {{- end }}
 {{- toJson (get $flags .Values.target) }}
 {{- end }}
