@@ -188,6 +188,12 @@ def serve(directory: Path, settings: Settings, startup: Startup) -> int:
     from infinity.api.router import Router
     from infinity.http.server import bind, run
 
+    if settings.grpc_port is not None:
+        try:
+            import infinity.grpc.server  # noqa: F401
+        except ImportError as exc:
+            raise StartupError(f"--grpc-port needs the grpc extra ({exc.name} is not installed): "
+                               "pip install 'infinity-multiverse[grpc]'") from None
     startup.mark("imports")
     threads = settings.threads or physical_cores()
     settings = dataclasses.replace(settings, threads=threads)

@@ -64,7 +64,7 @@ class Metrics:
     def answered(self, route: str, status: int | str) -> None:
         self.requests.labels(route, str(status)).inc()
 
-    def failed(self, route: str, kind: ErrorType, status: int | None = None) -> None:
+    def failed(self, route: str, kind: ErrorType, status: int | str | None = None) -> None:
         """An error answer: its type, and its status where the route's family changes the table's."""
         self.failures.labels(route, kind.value).inc()
         self.answered(route, kind.status if status is None else status)

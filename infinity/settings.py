@@ -27,6 +27,9 @@ def option(default: T, help: str) -> T:
 class Settings:
     host: str = option("127.0.0.1", "address to bind")
     port: int = option(8080, "port to bind")
+    grpc_port: int | None = option(None, "also serve Text Embeddings Inference's gRPC services (tei.v1, with "
+                                         "grpc.health.v1 and reflection) on this port, over the same batcher and "
+                                         "limits (the grpc extra)")
     threads: int | None = option(None, "ONNX Runtime intra-op threads (default: physical cores)")
     spin_wait: bool = option(True, "let ONNX Runtime's workers busy-wait briefly for more work before they sleep "
                                    "(lower latency on dedicated cores; turn off where the cores are shared, e.g. a "
@@ -103,6 +106,8 @@ class Settings:
                 raise ValueError(f"{name} must be at least 1")
         if not 0 <= self.port <= 65535:
             raise ValueError("port must be between 0 and 65535")
+        if self.grpc_port is not None and not 0 < self.grpc_port <= 65535:
+            raise ValueError("grpc_port must be between 1 and 65535")
         if self.spin_wait_us > 1_000_000:
             raise ValueError("spin_wait_us must be at most 1000000 (one second)")
         if self.chunk_overlap < 0:

@@ -1,18 +1,22 @@
 """Every route answers what /predict answers, for every task the suite builds and every per-request field a family
 exposes: the same inputs with the same fields (renamed as each family names them) give the same numbers, bit for
-bit, on /, /invocations, Vertex AI, KServe, OpenAI, TEI and Cohere. Short and long texts, each field alone."""
+bit, on /, /invocations, Vertex AI, KServe, OpenAI, TEI, Cohere and TEI's gRPC services (unary and streamed, from a
+client generated from tei.proto: tests/tei_client.py). Short and long texts, each field alone."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 
+from bench.process import free_port
 from infinity.manifest import Manifest
 from tests.servers import Server, running
+from tests.tei_client import generated
 
 SHORT = ["What is the capital of France?", "Paris is the capital and largest city of France.", "rivet"]
 LONG = " ".join(f"Sentence {i} says something about topic {i % 7} and its neighbour {i % 5}." for i in range(160))
@@ -35,11 +39,84 @@ def post(server: Server, path: str, body: Any) -> httpx.Response:
     return response
 
 
+GRPC: dict[str, grpc.Channel] = {}  # each server's gRPC channel, by its HTTP address
+DIRECTIONS = {"right": 0, "left": 1}  # tei.v1's TruncationDirection
+
+
 def served(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     manifest = Manifest.load(artifact)
     args = () if manifest.parity.passed else ("--allow-failed-parity",)
-    with running(artifact, tmp_path_factory.mktemp("server") / "server.log", *args) as server:
-        yield server
+    port = free_port()
+    with running(artifact, tmp_path_factory.mktemp("server") / "server.log", *args, "--grpc-port", str(port)) as server:
+        GRPC[server.url] = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield server
+        finally:
+            GRPC.pop(server.url).close()
+
+
+def stub(server: Server, service: str) -> Any:
+    return getattr(generated()[1], f"{service}Stub")(GRPC[server.url])
+
+
+def said(params: dict[str, Any], *fields: str) -> bool:
+    """Whether tei.v1's message can say every one of these parameters."""
+    return set(params) <= set(fields)
+
+
+def alone(server: Server, params: dict[str, Any], pick: Callable[[Any], Any] = lambda answer: answer) -> list[Any]:
+    """/predict's answer to each text sent alone: what a tei.v1 message of one text is the same request as."""
+    return [pick(post(server, "/predict", {"inputs": [text], "parameters": params}).json()[0]) for text in TEXTS]
+
+
+def check_grpc(server: Server, service: str, rpc: str, messages: list[Any], answer: Callable[[Any], Any],
+               single: list[Any], batched: Any, params: dict[str, Any]) -> None:
+    """Each message as its own call answers as /predict does that text alone, bit for bit; the same messages in one
+    stream, which the batcher batches as they arrive, as /predict does them batched, to float32 rounding (bit for
+    bit where the graph is batch-invariant: tests/test_grpc.py)."""
+    unary, streamed = getattr(stub(server, service), rpc), getattr(stub(server, service), f"{rpc}Stream")
+    got = [answer(unary(message, timeout=120)) for message in messages]
+    assert len(got) == len(single) and all(same(g, e) for g, e in zip(got, single)), (
+        f"grpc {rpc} answers otherwise than /predict for {params}")
+    got = [answer(each) for each in streamed(iter(messages), timeout=120)]
+    assert len(got) == len(messages) and all(
+        np.allclose(g, b, rtol=1e-4, atol=1e-5) for g, b in zip(got, batched)), f"grpc {rpc}Stream for {params}"
+
+
+def check_grpc_dense(server: Server, params: dict[str, Any], normalize: bool, batched: Any,
+                     pick: Callable[[Any], Any] = lambda answer: answer) -> None:
+    """Embed's vectors, `normalize` said as TEI's /embed says it; nothing where the message cannot say the case."""
+    if not said(params, "prompt_name", "dimensions", "truncation_direction", "normalize"):
+        return
+    pb = generated()[0]
+    fields = {k: v for k, v in params.items() if k in ("prompt_name", "dimensions")}
+    messages = [pb.EmbedRequest(inputs=text, truncate=True, normalize=normalize,
+                                truncation_direction=DIRECTIONS[params.get("truncation_direction", "right")],
+                                **fields) for text in TEXTS]
+    check_grpc(server, "Embed", "Embed", messages, lambda r: list(r.embeddings), alone(server, params, pick),
+               batched, params)
+
+
+def check_grpc_sparse(server: Server, params: dict[str, Any], batched: Any,
+                      pick: Callable[[Any], Any] = lambda answer: answer) -> None:
+    if not said(params, "truncation_direction"):
+        return
+    pb = generated()[0]
+    messages = [pb.EmbedSparseRequest(inputs=text, truncate=True,
+                                      truncation_direction=DIRECTIONS[params.get("truncation_direction", "right")])
+                for text in TEXTS]
+    width = 1 + max(entry["index"] for each in batched for entry in each)
+
+    def dense(entries: list[tuple[int, float]]) -> np.ndarray:
+        row = np.zeros(max(width, 1 + max((i for i, _ in entries), default=0)), np.float32)
+        for index, value in entries:
+            row[index] = value
+        return row
+
+    single = [dense([(e["index"], e["value"]) for e in each]) for each in alone(server, params, pick)]
+    check_grpc(server, "Embed", "EmbedSparse", messages,
+               lambda r: dense([(v.index, v.value) for v in r.sparse_embeddings]), single,
+               [dense([(e["index"], e["value"]) for e in each]) for each in batched], params)
 
 
 def model_name(server: Server) -> str:
@@ -130,6 +207,7 @@ def test_a_prompted_embedding_model_answers_alike_on_every_route(prompted: Serve
     expected = post(prompted, "/predict", {"inputs": TEXTS, "parameters": params}).json()
     default = Manifest.load(artifact_for("feature-extraction", model="gemma3-tiny")).task.normalize
     check(prompted, expected, dense_routes(prompted, params, params.get("normalize", default), hybrid=False))
+    check_grpc_dense(prompted, params, params.get("normalize", default), expected)
 
 
 @pytest.mark.parametrize("params", [{}, {"chunking": True}, {"chunking": True, "dimensions": 8}],
@@ -139,6 +217,7 @@ def test_a_dense_model_runs_long_texts_alike_on_every_route(minilm: Server, para
     expected = post(minilm, "/predict", {"inputs": TEXTS, "parameters": params}).json()
     default = Manifest.load(minilm_fp32_artifact).task.normalize
     check(minilm, expected, dense_routes(minilm, params, default, hybrid=False))
+    check_grpc_dense(minilm, params, default, expected)
 
 
 def test_the_default_prompt_is_what_a_route_without_a_prompt_field_gets(prompted: Server) -> None:
@@ -160,9 +239,11 @@ def test_bge_m3_heads_answer_alike_on_every_route(hybrid: Server, params: dict[s
     whole = post(hybrid, "/predict", {"inputs": TEXTS, "parameters": params}).json()
     default = Manifest.load(artifact_for("hybrid-embedding")).task.normalize
     check(hybrid, [a["dense"] for a in whole], dense_routes(hybrid, params, default, hybrid=True))
+    check_grpc_dense(hybrid, params, default, [a["dense"] for a in whole], pick=lambda answer: answer["dense"])
     sparse = {k: v for k, v in params.items() if k != "dimensions"}
     check(hybrid, [a["sparse"] for a in whole],
           {"tei /embed_sparse": ("/embed_sparse", {"inputs": TEXTS, **sparse}, lambda r: r.json())})
+    check_grpc_sparse(hybrid, sparse, [a["sparse"] for a in whole], pick=lambda answer: answer["sparse"])
 
 
 # --- sparse and multi-vector ------------------------------------------------------------------------------------------
@@ -179,6 +260,7 @@ def test_sparse_embeddings_answer_alike_on_every_route(splade: Server, params: d
     routes = platform_routes(splade, TEXTS, params)
     routes["tei /embed_sparse"] = ("/embed_sparse", {"inputs": TEXTS, **params}, lambda r: r.json())
     check(splade, expected, routes)
+    check_grpc_sparse(splade, params, expected)
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +279,12 @@ def test_multi_vector_answers_alike_on_every_route(colbert: Server, params: dict
     for label, (path, body, answer) in routes.items():
         got = answer(post(colbert, path, body))
         assert len(got) == len(expected) and all(same(g, e) for g, e in zip(got, expected)), (label, params)
+    if not params:  # tei.v1's EmbedAll has no role: a document's tokens, the model's default
+        pb = generated()[0]
+        messages = [pb.EmbedAllRequest(inputs=text, truncate=True) for text in TEXTS]
+        check_grpc(colbert, "Embed", "EmbedAll", messages,
+                   lambda r: [list(token.embeddings) for token in r.token_embeddings], alone(colbert, params),
+                   expected, params)
 
 
 # --- rankers: a cross-encoder and a causal reranker -------------------------------------------------------------------
@@ -225,9 +313,31 @@ def scores(server: Server, params: dict[str, Any]) -> list[float]:
     return [item["score"] for item in sorted(answer, key=lambda item: item["index"])]
 
 
+def grpc_ranking(server: Server, params: dict[str, Any]) -> dict[str, Any]:
+    """Rerank's scores in the texts' order, unary and as RerankStream (one text a message)."""
+    if not said(params, "truncation_direction", "raw_scores"):
+        return {}
+    pb = generated()[0]
+    direction = DIRECTIONS[params.get("truncation_direction", "right")]
+    raw = params.get("raw_scores", False)
+
+    def by_index(response: Any) -> list[float]:
+        return [rank.score for rank in sorted(response.ranks, key=lambda rank: rank.index)]
+
+    rerank = stub(server, "Rerank")
+    unary = rerank.Rerank(pb.RerankRequest(query=QUERY, texts=TEXTS, truncate=True, raw_scores=raw,
+                                           truncation_direction=direction), timeout=120)
+    streamed = rerank.RerankStream(iter([pb.RerankStreamRequest(query=QUERY, text=text, truncate=True, raw_scores=raw,
+                                                                truncation_direction=direction) for text in TEXTS]),
+                                   timeout=120)
+    return {"grpc Rerank": by_index(unary), "grpc RerankStream": by_index(streamed)}
+
+
 def check_ranking(server: Server, params: dict[str, Any]) -> None:
     expected = scores(server, params)
     check(server, expected, ranking_routes(server, params))
+    for label, got in grpc_ranking(server, params).items():
+        assert same(got, expected), f"{label} answers otherwise than /predict for {params}"
     if "max_tokens_per_doc" in params:  # a route that dropped it would answer the long text's whole score
         assert not same(expected, scores(server, {k: v for k, v in params.items() if k != "max_tokens_per_doc"}))
 
@@ -270,6 +380,19 @@ def test_a_sequence_classifier_answers_alike_on_every_route(classifier: Server, 
     by_label = [{item["label"]: item["score"] for item in each} for each in expected]
     ordered = [[scores[names[str(i)]] for i in range(len(names))] for scores in by_label]
     check(classifier, ordered, kserve_route(classifier, {"text": TEXTS}, params, lambda data: data.tolist()))
+    if said(params, "function_to_apply", "truncation_direction") and params.get("function_to_apply") in (None, "none"):
+        pb = generated()[0]
+        messages = [pb.PredictRequest(inputs=text, truncate=True, raw_scores="function_to_apply" in params,
+                                      truncation_direction=DIRECTIONS[params.get("truncation_direction", "right")])
+                    for text in TEXTS]
+        def in_order(answer: Any) -> list[float]:  # every label, best first, as /predict answers
+            return [score for _, score in sorted((p.label, p.score) for p in answer.predictions)]
+
+        def named(answer: Any) -> list[float]:
+            return [score for _, score in sorted((item["label"], item["score"]) for item in answer)]
+
+        check_grpc(classifier, "Predict", "Predict", messages, in_order, alone(classifier, params, named),
+                   [named(each) for each in expected], params)
 
 
 @pytest.fixture(scope="module")

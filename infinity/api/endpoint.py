@@ -176,6 +176,37 @@ def _never() -> bool:
     return False
 
 
+@dataclass
+class Answered:
+    answer: Any              # the route's answer, before its transport renders it
+    result: Result | None    # the core's rows and timings; None for the routes that run no model
+    computed: float          # perf_counter when the core answered, before the render
+
+
+async def compute(endpoint: Endpoint, service: Service, body: Any, size: int,
+                  watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
+                  permit: Permit | None = None) -> Answered | None:
+    """A parsed body's answer, for every transport: admission, the body's check, the task's request, the core and
+    the render. `size`: the body's bytes, which decide where a route that runs no model renders; `watch` awaits the
+    core unless the client leaves first (None: the client left; no watch: await it); `permit`, if given, was
+    admitted already. Raises the InfinityError each transport renders in its own shape."""
+    with service.admission(permit):
+        core, render = endpoint.prepare(endpoint.body.check(body, "body"))  # type: ignore[union-attr,misc]
+        result = None
+        if core is not None:
+            if watch is None or service.batcher.idle:
+                # Nothing to wait behind: the request starts once tokenized, and a running batch is never
+                # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
+                result = await run(service, core)
+            else:
+                result = await watch(run(service, core))
+                if result is None:
+                    return None
+        computed = time.perf_counter()
+        small = (core.chars if core is not None else size) <= INLINE_CHARS
+        return Answered(await service.offload(render, result, small=small), result, computed)
+
+
 async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Awaitable[bytes]],
                   watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
                   gone: Callable[[], bool] = _never, permit: Permit | None = None) -> Response:
@@ -186,21 +217,9 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
     try:
         # the body is whole before a permit in flight is taken: stalled bodies can never fill the server
         body = await read()
-        with service.admission(permit):
-            core, render = endpoint.prepare(endpoint.body.check(parse_json(body), "body"))  # type: ignore[union-attr,misc]
-            result = None
-            if core is not None:
-                if watch is None or service.batcher.idle:
-                    # Nothing to wait behind: the request starts once tokenized, and a running batch is never
-                    # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
-                    result = await run(service, core)
-                else:
-                    result = await watch(run(service, core))
-                    if result is None:
-                        return closed(endpoint, service)
-            answered = time.perf_counter()
-            small = (core.chars if core is not None else len(body)) <= INLINE_CHARS
-            answer = await service.offload(render, result, small=small)
+        answered = await compute(endpoint, service, parse_json(body), len(body), watch, permit)
+        if answered is None:
+            return closed(endpoint, service)
     except TooLong as exc:
         return failure(endpoint, service, exc.advising(endpoint.truncation_switch))
     except InfinityError as exc:
@@ -213,20 +232,21 @@ async def respond(endpoint: Endpoint, service: Service, read: Callable[[], Await
         # Otherwise only the server cancels a handler: its drain deadline passed with this request unanswered.
         return failure(endpoint, service, NotReady("the server shut down before this request was answered"))
     done = time.perf_counter()
+    result = answered.result
     timings = result.timings if result is not None else None
     headers = {"x-total-time": _ms(done - started)}
     if timings is not None:
-        timings.postprocess_s, timings.total_s = done - answered, done - started
+        timings.postprocess_s, timings.total_s = done - answered.computed, done - started
         headers.update({"x-compute-time": _ms(timings.compute_s), "x-tokenization-time": _ms(timings.tokenization_s),
                         "x-queue-time": _ms(timings.queue_s), "x-inference-time": _ms(timings.inference_s),
                         "x-compute-tokens": str(result.tokens)})  # type: ignore[union-attr]
         if result.windows is not None:  # type: ignore[union-attr]
             headers["x-compute-windows"] = str(result.windows)  # type: ignore[union-attr]
     else:
-        headers["x-compute-time"] = _ms(done - answered)
+        headers["x-compute-time"] = _ms(done - answered.computed)
     service.metrics.request.labels(endpoint.path).observe(done - started)
     service.metrics.answered(endpoint.path, 200)
-    return JSONResponse(answer, headers=headers)
+    return JSONResponse(answered.answer, headers=headers)
 
 
 def failure(endpoint: Endpoint, service: Service, exc: InfinityError) -> Response:

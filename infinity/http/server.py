@@ -5,6 +5,7 @@ import asyncio
 import logging
 import signal
 import socket
+from typing import Any, cast
 
 from starlette.applications import Starlette
 
@@ -105,6 +106,7 @@ async def serve(app: Starlette, settings: Settings, sock: socket.socket, router:
             clock = loop.create_task(_tick(shared))
             host, port = sock.getsockname()[:2]
             log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+            grpc = await _grpc(router, settings)
             if startup is not None:
                 startup.mark("warm-up")
                 log.info(startup.line())
@@ -116,8 +118,11 @@ async def serve(app: Starlette, settings: Settings, sock: socket.socket, router:
             server.close()
             for connection in list(shared.connections):
                 connection.shutdown()
-            await _drain(shared, settings.drain_timeout, force)
+            stopping = _grpc_stop(grpc, settings.drain_timeout)
+            await asyncio.gather(_drain(shared, settings.drain_timeout, force), stopping)
             clock.cancel()
+    except StartupError:
+        raise
     except Exception:
         log.exception("the server stopped on an error")
         return 1
@@ -125,6 +130,27 @@ async def serve(app: Starlette, settings: Settings, sock: socket.socket, router:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return 0
+
+
+async def _grpc(router: Router, settings: Settings) -> tuple[Any, Any] | None:
+    """TEI's gRPC services on --grpc-port, started once HTTP listens (infinity/grpc/server.py)."""
+    if settings.grpc_port is None:
+        return None
+    from infinity.grpc.server import start
+
+    try:
+        started = await start(cast(Any, router), settings.host, settings.grpc_port)  # the API's Router
+    except (OSError, RuntimeError) as exc:
+        raise StartupError(f"cannot listen for gRPC on {settings.host}:{settings.grpc_port}: {exc}") from None
+    log.info("listening for gRPC (tei.v1) on %s:%d", settings.host, settings.grpc_port)
+    return started
+
+
+async def _grpc_stop(grpc: tuple[Any, Any] | None, grace: float) -> None:
+    if grpc is not None:
+        from infinity.grpc.server import stop
+
+        await stop(*grpc, grace)
 
 
 async def _tick(shared: Shared) -> None:
