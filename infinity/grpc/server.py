@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -326,8 +327,42 @@ class Info(services.InfoServicer):  # type: ignore[misc,name-defined]
             **({"model_sha": manifest.source.revision} if manifest.source.revision else {}))
 
 
-class Keys(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """API keys before anything else, on every tei.v1 call; health and reflection stay open (probes send none)."""
+class Malformed:
+    """A message that is not protobuf: its call ends INVALID_ARGUMENT (a deserializer's exception would be UNKNOWN)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def read(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return Malformed(str(exc))
+    return read
+
+
+async def _refuse_malformed(message: Any, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(message, Malformed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the message is not valid protobuf: {message.error}")
+
+
+async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async for message in requests:
+        await _refuse_malformed(message, context)
+        yield message
+
+
+HANDLERS = {(False, False): (grpc.unary_unary_rpc_method_handler, "unary_unary"),
+            (False, True): (grpc.unary_stream_rpc_method_handler, "unary_stream"),
+            (True, False): (grpc.stream_unary_rpc_method_handler, "stream_unary"),
+            (True, True): (grpc.stream_stream_rpc_method_handler, "stream_stream")}
+
+
+class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Before any tei.v1 call runs: its API key (when the server has keys: UNAUTHENTICATED before anything else), and
+    its messages' wire format. Health and reflection stay open: probes send no key."""
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
@@ -336,19 +371,29 @@ class Keys(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None or not details.method.startswith(f"/{PACKAGE}."):
             return handler
+        streaming = (handler.request_streaming, handler.response_streaming)
+        make, name = HANDLERS[streaming]
+        behavior = getattr(handler, name)
         metadata = {key: value for key, value in (details.invocation_metadata or ()) if isinstance(value, str)}
-        if matches(presented_key(metadata.get), self.keys):
-            return handler
-
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async def refused(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
 
-        kind = {(False, False): grpc.unary_unary_rpc_method_handler,
-                (False, True): grpc.unary_stream_rpc_method_handler,
-                (True, False): grpc.stream_unary_rpc_method_handler,
-                (True, True): grpc.stream_stream_rpc_method_handler}[(handler.request_streaming,
-                                                                      handler.response_streaming)]
-        return kind(refuse, request_deserializer=handler.request_deserializer,
+        async def one(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await _refuse_malformed(request, context)
+            return await behavior(request, context)
+
+        async def gathered(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await behavior(_checked(requests, context), context)
+
+        async def streamed(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for answer in behavior(_checked(requests, context), context):
+                yield answer
+
+        # every streamed answer of tei.v1 comes from a stream of messages (no unary_stream RPC)
+        guarded = {(False, False): one, (True, False): gathered, (True, True): streamed}[streaming]
+        if self.keys and not matches(presented_key(metadata.get), self.keys):
+            guarded = refused
+        return make(guarded, request_deserializer=_lenient(handler.request_deserializer),
                     response_serializer=handler.response_serializer)
 
 
@@ -360,7 +405,7 @@ async def start(router: Router, host: str, port: int) -> tuple[grpc.aio.Server, 
     settings = router.service.settings
     options = [("grpc.max_receive_message_length", settings.max_payload_bytes),
                ("grpc.max_concurrent_streams", settings.max_connections)]
-    server = grpc.aio.server(interceptors=[Keys(router.keys)] if router.keys else [], options=options)
+    server = grpc.aio.server(interceptors=[Guard(router.keys)], options=options)
     calls = Calls(router)
     for name, servicer in (("Info", Info), ("Embed", Embed), ("Predict", Predict), ("Rerank", Rerank),
                            ("Tokenize", Tokenize)):
