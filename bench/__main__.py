@@ -12,7 +12,7 @@ SUITES = {
     "queue": "queue_depth", "efficiency": "efficiency", "profile": "kernels", "bulk": "bulk", "peer": "peer",
     "corpus": "corpus", "cores": "cores", "shapes": "shapes", "overhead": "overhead",
     "engine-sweep": "engine_sweep", "bare": "bare", "vanilla-server": "vanilla_server", "model": "model",
-    "library": "library", "openvino": "openvino_peer",
+    "library": "library", "openvino": "openvino_peer", "grpc": "grpc_load",
 }
 
 

@@ -28,7 +28,8 @@ KEY = "grpc-test-key"
 
 class Served:
     def __init__(self, server: Server, port: int) -> None:
-        self.server, self.channel = server, grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.address = f"127.0.0.1:{port}"
+        self.server, self.channel = server, grpc.insecure_channel(self.address)
         self.pb, self.rpc = generated()
 
     def stub(self, service: str) -> Any:
@@ -235,3 +236,33 @@ def test_without_the_extra_the_server_says_which_to_install(minilm_fp32_artifact
     assert result.stderr.strip().splitlines() == [
         "infinity: error: --grpc-port needs the grpc extra (grpc is not installed): "
         "pip install 'infinity-multiverse[grpc]'"]
+
+
+def test_a_thousand_concurrent_streams_end_answered_or_refused_and_the_server_stays(minilm: Served) -> None:
+    """1,000 streams at once on one connection: each is answered or refused RESOURCE_EXHAUSTED (the queue's bound),
+    none hangs, and the server answers afterwards."""
+    import asyncio
+
+    pb, rpc = minilm.pb, minilm.rpc
+
+    async def flood() -> dict[str, int]:
+        outcomes: dict[str, int] = {}
+        async with grpc.aio.insecure_channel(minilm.address) as channel:
+            embed = rpc.EmbedStub(channel)
+
+            async def one(i: int) -> None:
+                try:
+                    async for answer in embed.EmbedStream(iter([pb.EmbedRequest(inputs=f"text {i}")]), timeout=120):
+                        assert len(answer.embeddings) == 384
+                    outcome = "OK"
+                except grpc.aio.AioRpcError as error:
+                    outcome = error.code().name
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+            await asyncio.gather(*(one(i) for i in range(1000)))
+        return outcomes
+
+    outcomes = asyncio.run(flood())
+    assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED"} and outcomes.get("OK", 0) > 0, outcomes
+    assert sum(outcomes.values()) == 1000
+    assert len(minilm.stub("Embed").Embed(pb.EmbedRequest(inputs="after"), timeout=60).embeddings) == 384

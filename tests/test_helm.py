@@ -598,3 +598,16 @@ def test_every_metric_they_read_is_on_a_running_servers_metrics(minilm_fp32_arti
         stray += [f"{where}: by ({label})" for label in grouping_labels(expr) - known]
     assert not missing, f"series no running server exports: {missing}"
     assert not stray, f"labels the server never puts on those series: {stray}"
+
+
+def test_a_grpc_port_value_turns_on_teis_grpc_services_and_the_service_exposes_it() -> None:
+    assert "grpc" not in {port["name"] for port in server_of(render("x", ()))["ports"]}
+    docs = render("x", ("--set", "server.grpcPort=50051"))
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, "1.29.0", strict=True)
+    server = server_of(docs)
+    assert {"name": "grpc", "containerPort": 50051} in server["ports"]
+    assert variables(server)["INFINITY_GRPC_PORT"] == "50051"
+    assert {"name": "grpc", "port": 50051, "targetPort": "grpc", "appProtocol": "grpc"} in (
+        one(docs, "Service")["spec"]["ports"])

@@ -54,6 +54,11 @@ def _direction(message: Any) -> str:
     return DIRECTIONS[message.truncation_direction] if message.truncation_direction < len(DIRECTIONS) else "right"
 
 
+def _floats(row: Any) -> list[float]:
+    """A row as Python floats: protobuf reads a list of them 6x faster than an ndarray's elements."""
+    return row.tolist() if hasattr(row, "tolist") else list(row)
+
+
 def _optional(message: Any, *names: str) -> dict[str, Any]:
     return {name: getattr(message, name) for name in names if message.HasField(name)}
 
@@ -163,7 +168,7 @@ class Embed(services.EmbedServicer):  # type: ignore[misc,name-defined]
         body = {"inputs": m.inputs, "truncate": m.truncate, "truncation_direction": _direction(m),
                 **_optional(m, "normalize", "prompt_name", "dimensions")}
         answer, metadata = await self.calls.answer("Embed/Embed", "/embed", body, len(m.inputs), context)
-        return pb.EmbedResponse(embeddings=answer[0], metadata=metadata)
+        return pb.EmbedResponse(embeddings=_floats(answer[0]), metadata=metadata)
 
     async def _sparse(self, m: Any, context: Any) -> Any:
         body = {"inputs": m.inputs, "truncate": m.truncate, "truncation_direction": _direction(m),
@@ -176,7 +181,7 @@ class Embed(services.EmbedServicer):  # type: ignore[misc,name-defined]
         body = {"inputs": m.inputs, "truncate": m.truncate, "truncation_direction": _direction(m),
                 **_optional(m, "prompt_name")}
         answer, metadata = await self.calls.answer("Embed/EmbedAll", "/embed_all", body, len(m.inputs), context)
-        tokens = [pb.TokenEmbedding(embeddings=row) for row in answer[0]]
+        tokens = [pb.TokenEmbedding(embeddings=_floats(row)) for row in answer[0]]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata)
 
     async def Embed(self, request: Any, context: Any) -> Any:
