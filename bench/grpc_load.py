@@ -4,13 +4,15 @@ and waiting for its answer, over HTTP /embed, unary tei.v1 Embed, and one EmbedS
     python -m bench grpc ARTIFACT [--clients 16] [--seconds 10] [--rounds 3]
 
 The server runs with --grpc-port; every round runs the three paths in a shuffled order. Reported: answers per second
-(median of rounds) and the ratio of each gRPC path to HTTP. The texts are 8-token sentences (6 words and the model's
-two special tokens), a different one each request.
+(median of rounds), the ratio of each gRPC path to HTTP, and the server's CPU time per answer (its process's user and
+system time: the clients share the host's cores, and grpc's Python client costs them more than the HTTP one). The
+texts are 8-token sentences (6 words and the model's two special tokens), a different one each request.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -24,6 +26,12 @@ from bench.loadgen import Connection
 from bench.process import Server, free_port
 
 WORDS = ("river", "stone", "quiet", "garden", "light", "window", "paper", "summer", "green", "north", "table", "cloud")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user and system time, every thread's (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def text(i: int) -> str:
@@ -103,6 +111,7 @@ def main() -> None:
         "gRPC Embed (unary)": lambda seconds: over_grpc(address, args.clients, seconds, False),
         "gRPC EmbedStream": lambda seconds: over_grpc(address, args.clients, seconds, True)}
     rates: dict[str, list[float]] = {name: [] for name in paths}
+    costs: dict[str, list[float]] = {name: [] for name in paths}
     try:
         server.wait_ready()
         for run in paths.values():  # every path warmed once
@@ -113,12 +122,17 @@ def main() -> None:
             order = list(paths)
             random.Random(round_).shuffle(order)
             for name in order:
-                rates[name].append(asyncio.run(paths[name](args.seconds)) / args.seconds)
-                print(f"round {round_ + 1} {name}: {rates[name][-1]:,.0f} answers/s", flush=True)
+                before = cpu_seconds(server.pid)
+                answered = asyncio.run(paths[name](args.seconds))
+                rates[name].append(answered / args.seconds)
+                costs[name].append((cpu_seconds(server.pid) - before) / answered * 1e6)
+                print(f"round {round_ + 1} {name}: {rates[name][-1]:,.0f} answers/s, server CPU "
+                      f"{costs[name][-1]:.0f} us an answer", flush=True)
     finally:
         server.stop()
     http = statistics.median(rates["HTTP /embed"])
     for name, values in rates.items():
         rate = statistics.median(values)
-        print(f"{name}: median {rate:,.0f} answers/s, {rate / http:.2f}x HTTP")
+        print(f"{name}: median {rate:,.0f} answers/s, {rate / http:.2f}x HTTP, server CPU "
+              f"{statistics.median(costs[name]):.0f} us an answer")
     sys.stdout.flush()

@@ -45,8 +45,8 @@ class Metrics:
                                      "longest of each batch); over infinity_real_tokens: the padding's share.",
                                      registry=registry)
         self.real_tokens = Counter("infinity_real_tokens", "The inputs' own tokens the engine ran.", registry=registry)
-        self.requests = Counter("infinity_requests", "Inference requests by route and HTTP status.",
-                                ("route", "status"), registry=registry)
+        self.requests = Counter("infinity_requests", "Inference requests by route and HTTP status (a gRPC method: "
+                                "its status code's name).", ("route", "status"), registry=registry)
         self.failures = Counter("infinity_failures", "Failed requests by route and error type.",
                                 ("route", "error_type"), registry=registry)
         self.rejected = Counter("infinity_socket_refusals",

@@ -87,6 +87,11 @@ def test_embed_answers_predicts_vector_with_its_metadata(minilm: Served) -> None
         assert answer.metadata.compute_chars == len(text)
         assert answer.metadata.compute_tokens == int(response.headers["x-compute-tokens"])
         assert answer.metadata.total_time_ns >= answer.metadata.inference_time_ns > 0
+    code(lambda: embed.Embed(minilm.pb.EmbedRequest(inputs="word " * 600), timeout=60))
+    metrics = httpx.get(f"{minilm.server.url}/metrics", timeout=60).text
+    assert 'infinity_requests_total{route="/tei.v1.Embed/Embed",status="OK"}' in metrics
+    assert 'infinity_failures_total{error_type="validation",route="/tei.v1.Embed/Embed"}' in metrics
+    assert 'infinity_request_duration_seconds_count{route="/tei.v1.Embed/Embed"}' in metrics
 
 
 def test_info_tokenize_and_decode_answer_as_their_http_routes(minilm: Served) -> None:

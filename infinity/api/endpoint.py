@@ -159,10 +159,10 @@ async def handle(endpoint: Endpoint, request: Request) -> Response:
                          lambda work: _unless_disconnected(request, work))
 
 
-def run(service: Service, core: Job) -> Awaitable[Result]:
+def run(service: Service, core: Job, lone: bool = True) -> Awaitable[Result]:
     """The core's answer; with a request_timeout, a 504 once it has passed (dropping the queued entry)."""
     timeout = service.settings.request_timeout
-    return _within(service.run(core), timeout) if timeout else service.run(core)
+    return _within(service.run(core, lone), timeout) if timeout else service.run(core, lone)
 
 
 async def _within(work: Awaitable[Result], timeout: float) -> Result:
@@ -185,11 +185,11 @@ class Answered:
 
 async def compute(endpoint: Endpoint, service: Service, body: Any, size: int,
                   watch: Callable[[Awaitable[Result]], Awaitable[Result | None]] | None = None,
-                  permit: Permit | None = None) -> Answered | None:
+                  permit: Permit | None = None, lone: bool = True) -> Answered | None:
     """A parsed body's answer, for every transport: admission, the body's check, the task's request, the core and
     the render. `size`: the body's bytes, which decide where a route that runs no model renders; `watch` awaits the
     core unless the client leaves first (None: the client left; no watch: await it); `permit`, if given, was
-    admitted already. Raises the InfinityError each transport renders in its own shape."""
+    admitted already; `lone` (Service.run). Raises the InfinityError each transport renders in its own shape."""
     with service.admission(permit):
         core, render = endpoint.prepare(endpoint.body.check(body, "body"))  # type: ignore[union-attr,misc]
         result = None
@@ -197,9 +197,9 @@ async def compute(endpoint: Endpoint, service: Service, body: Any, size: int,
             if watch is None or service.batcher.idle:
                 # Nothing to wait behind: the request starts once tokenized, and a running batch is never
                 # cancelled, so watching for a disconnect would buy little and cost two tasks per request.
-                result = await run(service, core)
+                result = await run(service, core, lone)
             else:
-                result = await watch(run(service, core))
+                result = await watch(run(service, core, lone))
                 if result is None:
                     return None
         computed = time.perf_counter()

@@ -153,9 +153,10 @@ class Service:
         finally:
             permit.release()
 
-    async def run(self, request: Job) -> Result:
+    async def run(self, request: Job, lone: bool = True) -> Result:
         """Tokenize, queue and run one request: as one batch entry, or, past max_batch_size inputs, as entries of
-        at most that many queued together and joined into one answer."""
+        at most that many queued together and joined into one answer. `lone` False: never on the event loop (for a
+        transport whose next requests wait unread while the loop is busy, which would keep every one alone)."""
         started = time.perf_counter()
         if request.size > self.settings.max_inputs_per_request:
             raise PayloadTooLarge(f"{request.size} inputs in one request; the limit is "
@@ -175,7 +176,7 @@ class Service:
                                                              tokens=request.tokens))
             order = np.concatenate(runs)
             outcome.rows = outcome.rows[np.argsort(order, kind="stable")]  # the client's order again
-        elif self._lone(encoded, tokenized):
+        elif lone and self._lone(encoded, tokenized):
             outcome = self.batcher.run_here(encoded, request.tokens)
         if outcome is None:
             outcome = await self.batcher.submit(encoded, tokens=request.tokens)

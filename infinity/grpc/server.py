@@ -84,7 +84,8 @@ class Calls:
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise TimedOut("the call's deadline passed before it was started")
-        work = compute(endpoint, self.service, body, chars)
+        # never on the event loop: grpc's next messages wait unread while it is busy, and each would run alone
+        work = compute(endpoint, self.service, body, chars, lone=False)
         answered: Answered | None = await (asyncio.wait_for(work, remaining) if remaining is not None else work)
         assert answered is not None  # no watch: the call's own cancellation stops it
         done = time.perf_counter()
