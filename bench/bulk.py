@@ -2,7 +2,7 @@
 clients at once, to this server and (optionally) a peer server, one at a time, in the same run.
 
     python -m bench bulk ARTIFACT [--model MODEL_DIR] [--batch 64] [--clients 2] [--rounds 3] [--corpus FILE]
-                         [--peer "COMMAND with {port}" --peer-path /embeddings --peer-dir DIR]
+                         [--peer "COMMAND with {port}" --peer-path /embeddings --peer-dir DIR] [--grpc]
 
 Each round starts every server afresh, in a shuffled order, and times the whole corpus: from the first request to
 the last answer. Reported per server: seconds, real tokens per second (the artifact's tokenizer, cut at its maximum
@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -120,6 +121,55 @@ def ours(artifact: Path, job: Job, threads: int | None, sample: list[int]) -> Ru
         server.stop()
 
 
+async def send_streamed(address: str, job: Job) -> tuple[float, np.ndarray, dict[str, int]]:
+    """The job's texts as tei.v1 EmbedStream messages, one text each, over one stream a client: each stream keeps up
+    to a batch's worth of texts in flight, taking the next text as an answer arrives."""
+    import grpc
+
+    from tests.tei_client import generated
+
+    pb, rpc = generated()
+    answers: dict[int, np.ndarray] = {}
+    errors: dict[str, int] = {}
+    turn = iter(range(len(job.texts)))
+
+    async def client(embed: Any) -> None:
+        sent: asyncio.Queue[int | None] = asyncio.Queue(job.batch)
+
+        async def messages() -> Any:
+            for i in turn:
+                await sent.put(i)
+                yield pb.EmbedRequest(inputs=job.texts[i], truncate=True)
+            await sent.put(None)
+
+        try:
+            async for answer in embed.EmbedStream(messages(), timeout=600):
+                i = await sent.get()
+                assert i is not None
+                answers[i] = np.asarray(answer.embeddings, np.float32)
+        except grpc.aio.AioRpcError as error:
+            errors[error.code().name] = errors.get(error.code().name, 0) + 1
+
+    started = time.perf_counter()
+    async with grpc.aio.insecure_channel(address) as channel:
+        embed = rpc.EmbedStub(channel)
+        await asyncio.gather(*(client(embed) for _ in range(job.clients)))
+    seconds = time.perf_counter() - started
+    rows = [answers[i] for i in range(len(job.texts)) if i in answers]
+    return seconds, np.asarray(rows, np.float32), errors
+
+
+def ours_streamed(artifact: Path, job: Job, threads: int | None) -> Run:
+    grpc_port = free_port()
+    server = Server.infinity(artifact, "--grpc-port", str(grpc_port), *(["--threads", str(threads)] if threads else []))
+    try:
+        server.wait_ready()
+        seconds, vectors, errors = asyncio.run(send_streamed(f"127.0.0.1:{grpc_port}", job))
+        return Run("ours, EmbedStream", seconds, vectors, errors=errors)
+    finally:
+        server.stop()
+
+
 def peer(command: str, path: str, directory: Path | None, job: Job) -> Run:
     port = free_port()
     server = Server(shlex.split(command.format(port=port)), port, cwd=directory)
@@ -168,6 +218,8 @@ def main() -> None:
     parser.add_argument("--peer", default=None, help="the peer server's command, with {port} (bench/peer.py)")
     parser.add_argument("--peer-path", default="/embeddings")
     parser.add_argument("--peer-dir", type=Path, default=None, help="where the peer starts (its model directory)")
+    parser.add_argument("--grpc", action="store_true", help="also send the corpus to this server as tei.v1 "
+                        "EmbedStream messages, one text each, one stream a client (--grpc-port)")
     args = parser.parse_args()
     texts = load_corpus(args.corpus) if args.corpus else build_corpus()
     job = Job(texts, args.batch, args.clients)
@@ -178,13 +230,17 @@ def main() -> None:
 
     print(f"# {cpu_name()}: {len(texts)} texts, {tokens} tokens, batches of {args.batch} from {args.clients} "
           f"clients, {args.rounds} rounds", flush=True)
-    runs: dict[str, list[Run]] = {"ours": [], "peer": []}
+    runs: dict[str, list[Run]] = {"ours": [], "peer": [], "ours, EmbedStream": []}
     for round_ in range(args.rounds):
-        order = ["ours", "peer"] if args.peer else ["ours"]
+        order = ["ours", *(["peer"] if args.peer else []), *(["ours, EmbedStream"] if args.grpc else [])]
         random.Random(round_).shuffle(order)
         for name in order:
-            run = ours(args.artifact, job, args.threads, sample) if name == "ours" else peer(
-                args.peer, args.peer_path, args.peer_dir, job)
+            if name == "ours":
+                run = ours(args.artifact, job, args.threads, sample)
+            elif name == "peer":
+                run = peer(args.peer, args.peer_path, args.peer_dir, job)
+            else:
+                run = ours_streamed(args.artifact, job, args.threads)
             runs[name].append(run)
             cos = cosine_min(run.vectors, expected) if expected is not None else float("nan")
             print(f"round {round_ + 1} {name}: {run.seconds:.2f} s, {tokens / run.seconds:,.0f} tokens/s, cosine_min "
@@ -194,6 +250,10 @@ def main() -> None:
         if done:
             seconds = statistics.median(run.seconds for run in done)
             print(f"{name}: median {seconds:.2f} s, {tokens / seconds:,.0f} tokens/s")
+    if runs["ours, EmbedStream"]:
+        ratios = [o.seconds / g.seconds for o, g in zip(runs["ours"], runs["ours, EmbedStream"])]
+        print(f"EmbedStream / HTTP tokens/s per round: {', '.join(f'{r:.2f}' for r in ratios)} "
+              f"(median {statistics.median(ratios):.2f})")
     if runs["peer"]:
         ratios = [p.seconds / o.seconds for o, p in zip(runs["ours"], runs["peer"])]
         print(f"ours / peer tokens/s per round: {', '.join(f'{r:.2f}' for r in ratios)} "
