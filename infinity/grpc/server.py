@@ -161,6 +161,21 @@ def _drain(queue: asyncio.Queue[Any]) -> list[Any]:
     return items
 
 
+def unary(rpc: str, handle: str) -> Callable[..., Awaitable[Any]]:
+    """A unary RPC's method: the servicer's `handle` (message, context) through Calls.unary."""
+    async def method(self: Any, request: Any, context: Any) -> Any:
+        return await self.calls.unary(rpc, lambda: getattr(self, handle)(request, context), context)
+    return method
+
+
+def streamed(rpc: str, handle: str) -> Callable[..., AsyncIterator[Any]]:
+    """A streaming RPC's method (an async generator, as grpc.aio wants): each message through `handle`."""
+    async def method(self: Any, requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for answer in self.calls.stream(rpc, requests, getattr(self, handle), context):
+            yield answer
+    return method
+
+
 class Embed(services.EmbedServicer):  # type: ignore[misc,name-defined]
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
@@ -185,26 +200,12 @@ class Embed(services.EmbedServicer):  # type: ignore[misc,name-defined]
         tokens = [pb.TokenEmbedding(embeddings=_floats(row)) for row in answer[0]]
         return pb.EmbedAllResponse(token_embeddings=tokens, metadata=metadata)
 
-    async def Embed(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Embed/Embed", lambda: self._embed(request, context), context)
-
-    async def EmbedStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Embed/EmbedStream", requests, self._embed, context):
-            yield answer
-
-    async def EmbedSparse(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Embed/EmbedSparse", lambda: self._sparse(request, context), context)
-
-    async def EmbedSparseStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Embed/EmbedSparseStream", requests, self._sparse, context):
-            yield answer
-
-    async def EmbedAll(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Embed/EmbedAll", lambda: self._all(request, context), context)
-
-    async def EmbedAllStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Embed/EmbedAllStream", requests, self._all, context):
-            yield answer
+    Embed = unary("Embed/Embed", "_embed")
+    EmbedStream = streamed("Embed/EmbedStream", "_embed")
+    EmbedSparse = unary("Embed/EmbedSparse", "_sparse")
+    EmbedSparseStream = streamed("Embed/EmbedSparseStream", "_sparse")
+    EmbedAll = unary("Embed/EmbedAll", "_all")
+    EmbedAllStream = streamed("Embed/EmbedAllStream", "_all")
 
 
 class Predict(services.PredictServicer):  # type: ignore[misc,name-defined]
@@ -237,16 +238,9 @@ class Predict(services.PredictServicer):  # type: ignore[misc,name-defined]
         return await self.calls.unary("Predict/Predict", lambda: self._predict(
             "Predict/Predict", request.inputs, len(request.inputs), request, context), context)
 
-    async def PredictPair(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Predict/PredictPair", lambda: self._pair(request, context), context)
-
-    async def PredictStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Predict/PredictStream", requests, self._single_streamed, context):
-            yield answer
-
-    async def PredictPairStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Predict/PredictPairStream", requests, self._pair, context):
-            yield answer
+    PredictPair = unary("Predict/PredictPair", "_pair")
+    PredictStream = streamed("Predict/PredictStream", "_single_streamed")
+    PredictPairStream = streamed("Predict/PredictPairStream", "_pair")
 
 
 class Rerank(services.RerankServicer):  # type: ignore[misc,name-defined]
@@ -298,19 +292,10 @@ class Tokenize(services.TokenizeServicer):  # type: ignore[misc,name-defined]
         answer, _ = await self.calls.answer("Tokenize/Decode", "/decode", body, len(m.ids), context)
         return pb.DecodeResponse(text=answer[0])
 
-    async def Tokenize(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Tokenize/Tokenize", lambda: self._tokenize(request, context), context)
-
-    async def TokenizeStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Tokenize/TokenizeStream", requests, self._tokenize, context):
-            yield answer
-
-    async def Decode(self, request: Any, context: Any) -> Any:
-        return await self.calls.unary("Tokenize/Decode", lambda: self._decode(request, context), context)
-
-    async def DecodeStream(self, requests: Any, context: Any) -> AsyncIterator[Any]:
-        async for answer in self.calls.stream("Tokenize/DecodeStream", requests, self._decode, context):
-            yield answer
+    Tokenize = unary("Tokenize/Tokenize", "_tokenize")
+    TokenizeStream = streamed("Tokenize/TokenizeStream", "_tokenize")
+    Decode = unary("Tokenize/Decode", "_decode")
+    DecodeStream = streamed("Tokenize/DecodeStream", "_decode")
 
 
 MODEL_TYPES = {"sequence-classification": "MODEL_TYPE_CLASSIFIER", "ranking": "MODEL_TYPE_RERANKER"}
