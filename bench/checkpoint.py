@@ -27,7 +27,7 @@ SHAPES = ((1, 8), (1, 128), (8, 128), (32, 128))
 def parity(model: str, served: Path, graphs: dict[str, Path]) -> dict[str, dict[str, float]]:
     from optimize.stages.s1_load import load_source
     from optimize.stages.s4_reference import torch_reference
-    from optimize.stages.s6_validate.served import load_candidate, served_parity
+    from optimize.stages.s5_draft.served import load_candidate, served_parity
     from optimize.tasks import task_for
 
     manifest = Manifest.load(served)

@@ -25,7 +25,7 @@ from bench.run import WORK, publish
 from infinity.engine.hostinfo import cpu_flags, cpu_name
 from infinity.manifest import Manifest
 from infinity.settings import SPIN_WAIT_US
-from optimize.stages.s6_validate.latency import cpu_session
+from optimize.stages.s6_quantize.latency import cpu_session
 from optimize.tasks import task_for
 
 TASK = "feature-extraction"
@@ -43,7 +43,7 @@ def minilm() -> str:
 
 def per_tensor(vnni: bool) -> Any:
     """onnxruntime's dynamic INT8 (one activation scale per padded batch), with 7-bit weights without VNNI."""
-    from optimize.stages.s5_quantize.config import QuantizationConfig
+    from optimize.stages.s6_quantize.config import QuantizationConfig
 
     return QuantizationConfig(weight_type="QInt8", per_channel=True, reduce_range=not vnni, activations="per_tensor")
 
@@ -51,11 +51,12 @@ def per_tensor(vnni: bool) -> Any:
 def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the fp32 artifact whose tokenizer and manifest serve every variant, variant name -> model.onnx)"""
     from infinity.engine.tokenization import TextTokenizer
-    from optimize.pipeline import OptimizeOptions, optimize
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
     from optimize.presets import resolve_target
-    from optimize.stages.s5_quantize.calibrate import Feeder, activation_bounds
-    from optimize.stages.s5_quantize.per_tensor import quantize
-    from optimize.stages.s5_quantize.per_token import per_token_candidates, quantize_per_token
+    from optimize.stages.s6_quantize.calibrate import Feeder, activation_bounds
+    from optimize.stages.s6_quantize.per_tensor import quantize
+    from optimize.stages.s6_quantize.per_token import per_token_candidates, quantize_per_token
 
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target("auto")
@@ -94,7 +95,7 @@ def build_variants(out: Path) -> tuple[Path, dict[str, Path]]:
 def parity_rows(served_dir: Path, variants: dict[str, Path]) -> dict[str, dict[str, float]]:
     from optimize.stages.s1_load import load_source
     from optimize.stages.s4_reference import torch_reference
-    from optimize.stages.s6_validate.served import load_candidate, served_parity
+    from optimize.stages.s5_draft.served import load_candidate, served_parity
 
     manifest = Manifest.load(served_dir)
     inputs = task_for(TASK).heldout()

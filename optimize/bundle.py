@@ -12,8 +12,10 @@ from pathlib import Path
 from infinity.artifact import sha256_file, staging_beside, write_atomically
 from infinity.bundle import Bundle, BundleTarget
 from infinity.manifest import Manifest
-from optimize.pipeline import Builds, Log, OptimizeOptions, ParityFailed
-from optimize.stages.s7_package import now
+from optimize.options import Log, OptimizeOptions
+from optimize.pipeline import Builds
+from optimize.stages.s7_validate.validate import ParityFailed
+from optimize.stages.s8_package import now
 
 
 @dataclasses.dataclass

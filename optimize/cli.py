@@ -121,8 +121,10 @@ def _command(args: argparse.Namespace) -> int:
         return _targets()
     if args.command == "validate":
         return _validate(args.artifact, args.model)
-    from optimize.pipeline import OptimizeOptions, ParityFailed, optimize
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
     from optimize.stages.s1_load import detect_task
+    from optimize.stages.s7_validate.validate import ParityFailed
 
     model = args.model or bundled_model()
     if model is None:
@@ -222,7 +224,7 @@ def _summary(manifest: Manifest, out: Path) -> None:
 def _validate(artifact: Path, model: str | None) -> int:
     from infinity.bundle import Bundle, is_bundle
     from infinity.manifest import ManifestError
-    from optimize.stages.s6_validate.artifact import validate_artifact
+    from optimize.stages.s7_validate.artifact import validate_artifact
 
     try:
         if is_bundle(artifact):

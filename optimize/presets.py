@@ -7,7 +7,7 @@ from infinity.bundle import choose_target
 from infinity.engine.hostinfo import cpu_flags
 from infinity.engine.openvino import PROVIDER as OPENVINO
 from infinity.manifest import Activations, Precision, WeightRounding, WeightType
-from optimize.stages.s5_quantize.config import CALIBRATED_ROLES, QuantizationConfig
+from optimize.stages.s6_quantize.config import CALIBRATED_ROLES, QuantizationConfig
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,15 @@ class TargetPreset:
     def providers_for(self, precision: Precision) -> tuple[str, ...]:
         return self.engines.get(precision, self.providers)
 
-    def options_for(self, precision: Precision) -> dict[str, dict[str, str | int | bool]]:
-        """The provider options of the providers that serve `precision`, each a copy."""
-        return {name: dict(options) for name, options in self.provider_options.items()
-                if name in self.providers_for(precision)}
+    def options_for(self, precision: Precision, input_names: list[str],
+                    max_length: int) -> dict[str, dict[str, str | int | bool]]:
+        """The provider options of the providers that serve `precision`, each a copy; TensorRT's with optimization
+        profiles for the model's inputs up to its `max_length`."""
+        options = {name: dict(options) for name, options in self.provider_options.items()
+                   if name in self.providers_for(precision)}
+        if "TensorrtExecutionProvider" in options:
+            options["TensorrtExecutionProvider"].update(tensorrt_profiles(input_names, max_length))
+        return options
 
     @property
     def default_precision(self) -> Precision:

@@ -94,7 +94,8 @@ class ArtifactCache:
     def family(self, family: str, task: str, precision: str, target: str = HOST_TARGET) -> tuple[Path, Path]:
         """(source, artifact) of a tiny `family` model (tests/models.py: FAMILIES or VARIANTS) for `task`; INT8
         artifacts are written whatever their parity, which the manifest records."""
-        from optimize.pipeline import OptimizeOptions, optimize
+        from optimize.options import OptimizeOptions
+        from optimize.pipeline import optimize
 
         source = self.root / "sources" / f"tiny-{family}-{task}"
         source.parent.mkdir(exist_ok=True)
@@ -110,7 +111,8 @@ class ArtifactCache:
         return source, out
 
     def artifact(self, task: str, precision: str = "fp32", target: str = HOST_TARGET, model: str | None = None) -> Path:
-        from optimize.pipeline import OptimizeOptions, optimize
+        from optimize.options import OptimizeOptions
+        from optimize.pipeline import optimize
 
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
                           "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)

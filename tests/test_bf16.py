@@ -1,6 +1,7 @@
 """sapphirerapids' bf16: the exported float graph on OpenVINO's CPU plugin inside onnxruntime, built, checked and served
-on any host. Where the CPU has no bfloat16 arithmetic OpenVINO runs the graph in fp32, and the server refuses the
-artifact unless --allow-cpu-mismatch."""
+on every host the plugin offers a device on. Where the CPU has no bfloat16 arithmetic OpenVINO runs the graph in fp32,
+and the server refuses the artifact unless --allow-cpu-mismatch; where the plugin offers no device (an AMD EPYC), the
+optimizer refuses to build it in one line."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from infinity.engine import openvino
 from infinity.engine.hostinfo import missing_cpu_flags
 from infinity.manifest import Manifest
 from optimize.measure.texts import heldout_inputs
@@ -25,11 +27,25 @@ MISSING = missing_cpu_flags(list(TARGET.required_cpu_flags))
 # (37 texts moved at all), all-mpnet-base-v2 7.1e-4 (56).
 BOUND = 2e-3
 TEXTS = [text for text in heldout_inputs("singles") if isinstance(text, str)][:40]
+UNAVAILABLE = openvino.unavailable()  # the test extra installs the plugin: None, or the CPU it offers no device for
 
 
 @pytest.fixture(scope="module")
 def bf16(artifact_for) -> Path:
+    if UNAVAILABLE:
+        pytest.skip(f"the bf16 graph runs on OpenVINO, {UNAVAILABLE}")
     return artifact_for("feature-extraction", "bf16", "sapphirerapids")
+
+
+@pytest.mark.skipif(not UNAVAILABLE, reason="OpenVINO's plugin offers a device for this CPU")
+def test_where_the_plugin_offers_no_device_the_optimizer_refuses_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "optimize", "optimize", str(minilm_dir()), "--target",
+                             "sapphirerapids", "--precision", "bf16", "--out", str(tmp_path / "out")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"multiverse: error: sapphirerapids's bf16 runs (and its parity is checked) on OpenVINO, {UNAVAILABLE}")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_manifest_names_openvino_its_precision_and_what_the_check_measured(bf16: Path) -> None:

@@ -21,10 +21,10 @@ from infinity.engine.hostinfo import cpu_flags
 from infinity.engine.tokenization import TextTokenizer
 from infinity.manifest import Manifest
 from optimize.presets import PRESETS, VNNI_FLAGS
-from optimize.stages.s5_quantize.calibrate import Feeder, calibrate
-from optimize.stages.s5_quantize.per_token import per_token_candidates, quantize_per_token
-from optimize.stages.s5_quantize.rounding import CompensatedRounding
-from optimize.stages.s5_quantize.smoothing import choose_strengths
+from optimize.stages.s6_quantize.calibrate import Feeder, calibrate
+from optimize.stages.s6_quantize.per_token import per_token_candidates, quantize_per_token
+from optimize.stages.s6_quantize.rounding import CompensatedRounding
+from optimize.stages.s6_quantize.smoothing import choose_strengths
 from optimize.tasks import task_for
 from tests.servers import running
 
@@ -45,7 +45,10 @@ def mpnet(artifacts) -> tuple[Path, Path]:
     references the optimizer computed, its calibration and strengths, and the fused fp32 graph it quantized are
     kept."""
     from optimize import pipeline
-    from optimize.stages.s5_quantize import int8
+    from optimize.options import OptimizeOptions
+    from optimize.stages import s4_reference
+    from optimize.stages.s6_quantize import int8
+    from optimize.stages.s6_quantize import quantize as stage
     from tests.models import mpnet_dir
 
     source = mpnet_dir()
@@ -69,14 +72,14 @@ def mpnet(artifacts) -> tuple[Path, Path]:
             CHOSEN.setdefault("strengths", strengths)
             return strengths
 
-        reference, quantize = pipeline.torch_reference, pipeline.quantize_int8
+        reference, quantize = s4_reference.torch_reference, stage.quantize_int8
         calibrate, choose = int8.calibrate, int8.choose_strengths
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(pipeline, "torch_reference", remembered)
-            patch.setattr(pipeline, "quantize_int8", quantized)
+            patch.setattr(s4_reference, "torch_reference", remembered)
+            patch.setattr(stage, "quantize_int8", quantized)
             patch.setattr(int8, "calibrate", calibrated)
             patch.setattr(int8, "choose_strengths", chosen)
-            pipeline.optimize(pipeline.OptimizeOptions(model=str(source), task=TASK, out=out, target="icelake"),
+            pipeline.optimize(OptimizeOptions(model=str(source), task=TASK, out=out, target="icelake"),
                               log=lambda _: None)
     return source, out
 
@@ -129,7 +132,7 @@ def test_the_server_answers_what_the_original_does_and_the_same_in_any_batch(mpn
 def test_compensated_rounding_and_strengths_per_input_are_what_pass_the_search_texts(mpnet, tmp_path):
     """The same graph with nearest-code weights, or with one smoothing strength for every input, misses what the
     artifact passes: the optimizer's search texts (its stress probes among them)."""
-    from optimize.stages.s6_validate.served import load_candidate, served_parity
+    from optimize.stages.s5_draft.served import load_candidate, served_parity
 
     source, artifact = mpnet
     manifest = Manifest.load(artifact)

@@ -92,7 +92,8 @@ def test_a_causal_lm_is_never_ranked_with_a_guessed_prompt(source_dir: Path, tmp
 
 
 def test_int8_and_other_models_say_what_to_pass(source_dir: Path, artifacts: Any, tmp_path: Path) -> None:
-    from optimize.pipeline import OptimizeOptions, optimize
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
 
     with pytest.raises(ValueError, match="INT8 is not built for causal rerankers yet: pass --precision fp32"):
         optimize(OptimizeOptions(model=str(source_dir), task="ranking", out=tmp_path / "int8",

@@ -6,8 +6,9 @@ import onnx
 import onnxruntime as ort
 
 from optimize.graph.onnxio import model_bytes
-from optimize.pipeline import OptimizeOptions, optimize
-from optimize.stages.s5_quantize.embeddings import quantize_embedding_tables
+from optimize.options import OptimizeOptions
+from optimize.pipeline import optimize
+from optimize.stages.s6_quantize.embeddings import quantize_embedding_tables
 from tests.models import build_tiny_family
 
 

@@ -26,7 +26,8 @@ def split_artifacts(artifacts) -> dict[str, Path]:
     """distilbert-tiny at fp32 and INT8 with every weight in model.onnx.data (threshold 0 bytes), every graph on
     the way (export, fusion, each INT8 trial) written the same way, as a model over 2 GiB is."""
     from optimize.graph import onnxio
-    from optimize.pipeline import OptimizeOptions, optimize
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
 
     built = {}
     with pytest.MonkeyPatch.context() as patch:
@@ -81,7 +82,7 @@ def test_a_changed_or_missing_weights_file_is_refused_in_one_line(split_artifact
 
 def test_a_candidate_graph_is_evaluated_with_the_weights_file_beside_it(split_artifacts, tmp_path):
     from optimize.graph.onnxio import copy_model
-    from optimize.stages.s6_validate.served import load_candidate
+    from optimize.stages.s5_draft.served import load_candidate
 
     artifact = split_artifacts["fp32"]
     graph = tmp_path / "work" / "candidate.onnx"  # where the quantizer writes its trials: outside the artifact
@@ -157,8 +158,9 @@ def test_every_int8_branch_builds_without_serializing_its_weights(tiny_bert, tmp
     """XLM-R large (2.2 GB of weights) once crashed in the 8-bit attempt: onnx's version converter serialized the
     whole model. Here every serialization carrying more than a tenth of the model's weights inline fails."""
     from optimize.graph import onnxio
-    from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.stages.s5_quantize import int8
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
+    from optimize.stages.s6_quantize import int8
 
     target, options, expect = INT8_BRANCHES[branch]
     out = tmp_path / "out"

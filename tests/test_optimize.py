@@ -108,7 +108,7 @@ def test_every_task_model_passes_parity_in_float(artifact_for):
 
 
 def test_edited_weights_fail_parity(artifact_for, tmp_path):
-    from optimize.stages.s6_validate.artifact import validate_artifact
+    from optimize.stages.s7_validate.artifact import validate_artifact
 
     source = artifact_for("sequence-classification", "fp32")
     assert Manifest.load(source).parity.passed  # as built; a second held-out run of it would only repeat that
@@ -204,8 +204,9 @@ def test_gpu_artifacts_have_fp16_weights_and_provider_settings(artifact_for, tar
 
 
 def test_a_carried_recipe_splits_as_many_outlier_channels_per_role(minilm_int8_artifact, artifacts, tmp_path):
-    from optimize.pipeline import OptimizeOptions, optimize
-    from optimize.stages.s5_quantize.carry import node_role
+    from optimize.options import OptimizeOptions
+    from optimize.pipeline import optimize
+    from optimize.stages.s6_quantize.carry import node_role
 
     out = tmp_path / "carried"
     manifest = optimize(OptimizeOptions(model=str(artifacts.source("distilbert-tiny")), task="sequence-classification",

@@ -7,10 +7,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.stages.s5_quantize.calibrate import activation_ranges
-from optimize.stages.s5_quantize.config import QuantizationConfig
-from optimize.stages.s5_quantize.outliers import MAX_CHANNELS, outlier_channels, split_outliers
-from optimize.stages.s5_quantize.per_tensor import quantize
+from optimize.stages.s6_quantize.calibrate import activation_ranges
+from optimize.stages.s6_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.outliers import MAX_CHANNELS, outlier_channels, split_outliers
+from optimize.stages.s6_quantize.per_tensor import quantize
 
 HIDDEN, HEADS, OUTLIERS = 64, 4, (3, 17, 40)
 

@@ -9,16 +9,16 @@ from onnx import TensorProto, helper, numpy_helper
 from infinity.engine.hostinfo import cpu_flags
 from optimize.graph.onnxio import activation_shapes
 from optimize.presets import VNNI_FLAGS
-from optimize.stages.s5_quantize.calibrate import activation_bounds
-from optimize.stages.s5_quantize.config import QuantizationConfig
-from optimize.stages.s5_quantize.per_tensor import quantize
-from optimize.stages.s5_quantize.per_token import (
+from optimize.stages.s6_quantize.calibrate import activation_bounds
+from optimize.stages.s6_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.per_tensor import quantize
+from optimize.stages.s6_quantize.per_token import (
     GELU_ZERO,
     calibrated_scale,
     per_token_candidates,
     quantize_per_token,
 )
-from optimize.stages.s5_quantize.rounding import quantize_weight
+from optimize.stages.s6_quantize.rounding import quantize_weight
 from tests.test_outliers import graph, run  # noqa: F401  (the fixture)
 
 # 8-bit weights where this host sums u8 x s8 products in 32 bits (VNNI); 7 elsewhere, as the recipes build them:

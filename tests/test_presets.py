@@ -4,7 +4,7 @@ import pytest
 
 from infinity.engine.hostinfo import cpu_name
 from optimize.presets import PRESETS, TargetPreset, resolve_target, tensorrt_profiles
-from optimize.stages.s5_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.config import QuantizationConfig
 
 VNNI_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni"})
 SKYLAKE_HOST = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw"})

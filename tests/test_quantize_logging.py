@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.stages.s5_quantize.config import QuantizationConfig
-from optimize.stages.s5_quantize.per_tensor import quantize
+from optimize.stages.s6_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.per_tensor import quantize
 
 
 def test_quantizing_does_not_change_the_root_logger(tmp_path):

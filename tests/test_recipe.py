@@ -1,4 +1,4 @@
-from optimize.stages.s5_quantize.carry import node_role, nodes_for_roles
+from optimize.stages.s6_quantize.carry import node_role, nodes_for_roles
 
 MINILM = ["Attention_0", "/model/encoder/layer.0/attention/output/dense/MatMul",
           "/model/encoder/layer.0/intermediate/dense/MatMul", "/model/encoder/layer.0/output/dense/MatMul"]
@@ -20,7 +20,7 @@ def test_a_recipe_carries_layer_roles_and_keeps_heads_float():
 
 
 def test_outlier_channel_counts_carry_by_role():
-    from optimize.stages.s5_quantize.carry import OutlierLimits, node_role
+    from optimize.stages.s6_quantize.carry import OutlierLimits, node_role
 
     limits = OutlierLimits({node_role(MINILM[2]): 5, node_role(MINILM[3]): 16})
     assert limits.for_nodes(DISTILBERT) == {DISTILBERT[2]: 5, DISTILBERT[3]: 16}

@@ -3,9 +3,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from optimize.stages.s5_quantize.calibrate import calibrate
-from optimize.stages.s5_quantize.per_token import quantize_per_token
-from optimize.stages.s5_quantize.rounding import CompensatedRounding, Compensation, compensated_codes, quantize_weight
+from optimize.stages.s6_quantize.calibrate import calibrate
+from optimize.stages.s6_quantize.per_token import quantize_per_token
+from optimize.stages.s6_quantize.rounding import CompensatedRounding, Compensation, compensated_codes, quantize_weight
 from tests.test_smoothing import feeds, one_matmul
 
 WIDTH, OUT = 64, 24

@@ -1,8 +1,8 @@
 """The parity search: nodes ranked on the texts full INT8 answers worst, then the fewest kept float, checked on all."""
 from pathlib import Path
 
-from optimize.stages.s5_quantize.search import RANKING_INPUTS, keep_fewest_float
-from optimize.stages.s6_validate.parity import ParityResult
+from optimize.stages.s5_draft.parity import ParityResult
+from optimize.stages.s6_quantize.search import RANKING_INPUTS, keep_fewest_float
 
 HARM = {"a": 0.001, "b": 0.02, "c": 0.0005, "d": 0.03, "e": 0.002}  # cosine a node costs when quantized
 

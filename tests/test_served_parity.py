@@ -5,7 +5,7 @@ import pytest
 from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
 from infinity.settings import Settings
-from optimize.stages.s6_validate.served import PADDING_BOUND, mixed_batches, run_served
+from optimize.stages.s5_draft.served import PADDING_BOUND, mixed_batches, run_served
 from optimize.tasks import task_for
 
 TASKS = ("feature-extraction", "sequence-classification", "token-classification", "ranking")

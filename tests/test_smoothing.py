@@ -6,9 +6,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from infinity.engine.hostinfo import cpu_flags
 from optimize.presets import VNNI_FLAGS
-from optimize.stages.s5_quantize.calibrate import calibrate
-from optimize.stages.s5_quantize.per_token import quantize_per_token
-from optimize.stages.s5_quantize.smoothing import choose_strengths, simulated_products
+from optimize.stages.s6_quantize.calibrate import calibrate
+from optimize.stages.s6_quantize.per_token import quantize_per_token
+from optimize.stages.s6_quantize.smoothing import choose_strengths, simulated_products
 from tests.test_outliers import run
 
 # 8-bit weights where this host sums u8 x s8 products in 32 bits (VNNI); 7 elsewhere, as the recipes build them:

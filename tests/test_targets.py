@@ -14,7 +14,7 @@ import pytest
 from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Manifest
 from optimize.presets import PRESETS, VNNI_FLAGS
-from optimize.stages.s6_validate.artifact import validate_artifact
+from optimize.stages.s7_validate.artifact import validate_artifact
 from tests.models import FAMILIES, VARIANTS
 from tests.servers import running
 

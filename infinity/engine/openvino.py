@@ -9,6 +9,8 @@ import json
 
 import onnxruntime as ort
 
+from infinity.engine.hostinfo import cpu_name
+
 PROVIDER = "OpenVINOExecutionProvider"
 EXTRA = "pip install 'infinity-multiverse[openvino]'"
 
@@ -25,12 +27,22 @@ def installed() -> bool:
     return True
 
 
+def unavailable() -> str | None:
+    """Why OpenVINO cannot run a graph here, as the end of a sentence about what runs on it ("... runs on OpenVINO,
+    whose ..."); None where it can."""
+    if not installed():
+        return f"whose onnxruntime plugin is not installed: {EXTRA}"
+    if not _devices():
+        # measured: onnxruntime-ep-openvino 1.8.1 enumerates no device on an AMD EPYC (Zen 5), where OpenVINO
+        # itself lists the CPU
+        return (f"whose onnxruntime plugin offers no device for this CPU ({cpu_name()}): build and serve it on an "
+                "Intel host")
+    return None
+
+
 def _devices() -> list[ort.OrtEpDevice]:
-    try:
-        import onnxruntime_ep_openvino as plugin
-    except ImportError:
-        raise MissingEngine(f"this artifact runs on OpenVINO ({PROVIDER}), whose plugin is not installed: "
-                            f"{EXTRA}") from None
+    import onnxruntime_ep_openvino as plugin
+
     if not any(device.ep_name == PROVIDER for device in ort.get_ep_devices()):
         ort.register_execution_provider_library(PROVIDER, plugin.get_library_path())
     # the plugin lists one device per OpenVINO device (and AUTO); the CPU's is the one named as the provider
@@ -46,4 +58,7 @@ def attach(options: ort.SessionOptions, properties: dict[str, str | int | bool],
     config = {key: str(value) for key, value in properties.items()}
     if threads:
         config["INFERENCE_NUM_THREADS"] = str(threads)
+    reason = unavailable()
+    if reason is not None:
+        raise MissingEngine(f"this artifact runs on OpenVINO ({PROVIDER}), {reason}")
     options.add_provider_for_devices(_devices(), {"load_config": json.dumps({"CPU": config})})

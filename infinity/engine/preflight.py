@@ -65,9 +65,9 @@ def check(directory: Path, settings: Settings, selection: Selection | None = Non
         if not settings.allow_cpu_mismatch:
             raise StartupError(f"{message}; pass --allow-cpu-mismatch to serve it anyway")
         log.warning("%s; serving anyway (--allow-cpu-mismatch)", message)
-    if manifest.target.providers[0] == openvino.PROVIDER and not openvino.installed():
+    if manifest.target.providers[0] == openvino.PROVIDER and (reason := openvino.unavailable()):
         raise StartupError(f"the {manifest.target.name!r} target's {manifest.model.precision} graph runs on "
-                           f"OpenVINO, whose onnxruntime plugin is not installed: {openvino.EXTRA}")
+                           f"OpenVINO, {reason}")
     available = [*onnxruntime.get_available_providers(), openvino.PROVIDER]
     absent = [p for p in manifest.target.providers if p not in available]
     if absent:

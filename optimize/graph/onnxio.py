@@ -10,10 +10,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from infinity.artifact import sha256_file
+from infinity.manifest import ModelFile, Precision
 
 # Well below protobuf's 2 GiB: the graph, names and attributes add to the weights.
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -74,6 +78,23 @@ def model_bytes(path: Path) -> int:
     """The model's size on disk, weights file included."""
     path = Path(path)
     return path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_files(path))
+
+
+def describe_model(path: Path, precision: Precision) -> ModelFile:
+    """A graph file as the manifest records it: checksums (its weights file's too), opset, inputs and outputs."""
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    def shape(value: Any) -> list[str | int]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return ModelFile(
+        file=path.name, sha256=sha256_file(path), precision=precision, opset=int(opset),
+        inputs={v.name: shape(v) for v in model.graph.input},
+        outputs={v.name: shape(v) for v in model.graph.output},
+        size_bytes=model_bytes(path),
+        external_data={name: sha256_file(path.parent / name) for name in external_files(path)},
+    )
 
 
 def session_source(model: onnx.ModelProto, scratch: Path) -> bytes | str:

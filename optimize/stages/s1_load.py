@@ -1,5 +1,5 @@
 """Load: what the source model directory says about itself (its task's facts, tokenizer, limits), and which task it
-is where it says so."""
+is where it says so; its tokenizer written as the artifact carries it."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from infinity.manifest import SPLADE, TaskName
+from infinity.manifest import SPLADE, Precision, TaskName
 from optimize.checkpoint import Checkpoint, read_json, read_modules
+from optimize.options import Plan
 from optimize.tasks import task_for
 from optimize.tasks.base import SourceModel
 
@@ -28,6 +29,21 @@ def resolve_path(model: str) -> Path:
     except Exception as exc:  # the hub client raises many unrelated types
         raise FileNotFoundError(f"{model!r} is neither a local model directory nor a reachable hub id "
                                 f"({exc})") from None
+
+
+def load(plan: Plan, tokenizer: Path) -> tuple[SourceModel, list[str]]:
+    """The source model, and its tokenizer written for the artifact into `tokenizer`, with the extra files it
+    names."""
+    options = plan.options
+    source = load_source(options.model, plan.task.name, options.pooling, options.model_id, options.trust_remote_code,
+                         options.reranker_template)
+    if source.facts.reranker is not None and plan.precision == Precision.INT8:
+        raise ValueError("INT8 is not built for causal rerankers yet: pass --precision fp32")
+    source.tokenizer.save_pretrained(str(tokenizer))
+    # the fast tokenizer's own file, as the server loads it (save_pretrained's may differ)
+    source.tokenizer.backend_tokenizer.save(str(tokenizer / "tokenizer.json"))
+    extra = [name for name in ("tokenizer_config.json", "special_tokens_map.json") if (tokenizer / name).is_file()]
+    return source, extra
 
 
 def load_source(model: str, task: str, pooling: str | None = None, model_id: str | None = None,

@@ -8,9 +8,12 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from infinity.manifest import Precision
 from optimize.attention.padding_mask import MASK
 from optimize.attention.written import written_attention
 from optimize.graph.onnxio import save_model, weights_left_on_disk
+from optimize.options import Plan
+from optimize.tasks.base import SourceModel
 
 # Hugging Face model types -> the onnxruntime optimizer's model type. Every encoder family fuses most under
 # "bert": measured on tiny models of each family against every model type onnxruntime 1.32 offers (docs/models.md);
@@ -86,6 +89,20 @@ def _heads_and_hidden(config: Any) -> tuple[int, int]:
     heads = getattr(config, "num_attention_heads", None) or config.n_heads
     hidden = getattr(config, "hidden_size", None) or config.dim
     return int(heads), int(hidden)
+
+
+def fuse_for(plan: Plan, exported: Path, fused: Path, source: SourceModel) -> tuple[Path, FusionResult]:
+    """The graph the target quantizes or serves, and what fusing it did."""
+    if plan.precision == Precision.BF16:
+        # OpenVINO fuses the plain export itself; onnxruntime's fused graph would keep contrib ops it does not take
+        # (mpnet's attention), which then run apart in fp32 (infinity/engine/openvino.py)
+        plan.log("  bf16: the export as it is, for OpenVINO to fuse")
+        return exported, FusionResult({}, [])
+    fusion = fuse(exported, fused, source.config, for_gpu=plan.preset.is_gpu,
+                  external_data_bytes=plan.options.external_data_bytes)
+    plan.log(f"  fused ({fusion.model_type or 'no recipe'}): {fusion.stats or 'nothing'}"
+             + (f"; gaps: {fusion.gaps}" if fusion.gaps else ""))
+    return fused, fusion
 
 
 def fuse(src: Path, dst: Path, config: Any, for_gpu: bool = False,

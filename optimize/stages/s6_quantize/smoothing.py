@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from optimize.stages.s5_quantize.calibrate import Bounds, Calibration
-from optimize.stages.s5_quantize.per_token import (
+from optimize.stages.s6_quantize.calibrate import Bounds, Calibration
+from optimize.stages.s6_quantize.per_token import (
     GELU_ZERO,
     activation_levels,
     calibrated_scale,
@@ -28,7 +28,7 @@ from optimize.stages.s5_quantize.per_token import (
     rewritable,
     smoothing_scales,
 )
-from optimize.stages.s5_quantize.rounding import quantize_weight
+from optimize.stages.s6_quantize.rounding import quantize_weight
 
 Strengths = dict[str, float | None]  # input tensor -> alpha, None: not smoothed
 

@@ -7,7 +7,7 @@ from infinity.engine.model import LoadedModel
 from infinity.manifest import Manifest
 from optimize.stages.s1_load import load_source
 from optimize.stages.s4_reference import torch_reference
-from optimize.stages.s6_validate.served import ServedParity, on_target, served_parity
+from optimize.stages.s5_draft.served import ServedParity, on_target, served_parity
 from optimize.tasks.ranking import RERANKER_FIELDS
 
 

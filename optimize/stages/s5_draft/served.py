@@ -28,7 +28,7 @@ from infinity.tasks import make_task
 from infinity.tasks.feature_extraction import l2_normalize
 from optimize.graph.onnxio import external_files
 from optimize.measure.agreement import Outputs, ParityResult
-from optimize.stages.s6_validate.parity import batch_invariance, compare, worst
+from optimize.stages.s5_draft.parity import batch_invariance, compare, worst
 from optimize.tasks.base import OptimizerTask
 from optimize.tasks.hybrid_embedding import HybridAnswer
 
@@ -75,7 +75,8 @@ def target_providers(manifest: Manifest) -> list[str] | None:
     """A GPU target's (or OpenVINO's) providers where this onnxruntime offers its first one: its parity is then
     measured on what serves it (fp16 arithmetic on the GPU, not fp16 weights in fp32 arithmetic on the CPU)."""
     wanted = manifest.target.providers
-    offered = wanted[0] in ort.get_available_providers() or (wanted[0] == openvino.PROVIDER and openvino.installed())
+    offered = wanted[0] in ort.get_available_providers() or (wanted[0] == openvino.PROVIDER
+                                                             and openvino.unavailable() is None)
     return wanted if wanted[0] != CPU and offered else None
 
 

@@ -13,15 +13,15 @@ import onnx
 from infinity.engine.hostinfo import cpu_flags
 from infinity.manifest import Manifest, Outliers, Quantization
 from optimize.graph.onnxio import copy_model
-from optimize.stages.s5_quantize.calibrate import Feeder, activation_ranges, calibrate
-from optimize.stages.s5_quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
-from optimize.stages.s5_quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
-from optimize.stages.s5_quantize.outliers import split_outliers
-from optimize.stages.s5_quantize.per_tensor import quantizable_nodes, quantize
-from optimize.stages.s5_quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
-from optimize.stages.s5_quantize.rounding import CompensatedRounding
-from optimize.stages.s5_quantize.search import Evaluate, accuracy_aware_quantize, keep_fewest_float
-from optimize.stages.s5_quantize.smoothing import Strengths, choose_strengths
+from optimize.stages.s6_quantize.calibrate import Feeder, activation_ranges, calibrate
+from optimize.stages.s6_quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
+from optimize.stages.s6_quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
+from optimize.stages.s6_quantize.outliers import split_outliers
+from optimize.stages.s6_quantize.per_tensor import quantizable_nodes, quantize
+from optimize.stages.s6_quantize.per_token import PerTokenRecord, per_token_candidates, quantize_per_token
+from optimize.stages.s6_quantize.rounding import CompensatedRounding
+from optimize.stages.s6_quantize.search import Evaluate, accuracy_aware_quantize, keep_fewest_float
+from optimize.stages.s6_quantize.smoothing import Strengths, choose_strengths
 from optimize.tasks.base import OptimizerTask
 
 Log = Callable[[str], None]

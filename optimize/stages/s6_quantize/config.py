@@ -33,7 +33,7 @@ class QuantizationConfig:
     # attention's) are tried first with one scale calibrated for all rows, which the MatMul applies in its kernel
     calibrated_roles: tuple[str, ...] = ()
     # per_token ("per_tensor" ignores it): "compensated" rounds each MatMul's weight codes so their errors cancel on
-    # its input's calibration rows (optimize/stages/s5_quantize/rounding.py), with the rows' Gram matrix damped by
+    # its input's calibration rows (optimize/stages/s6_quantize/rounding.py), with the rows' Gram matrix damped by
     # rounding_damping x its mean diagonal
     weight_rounding: WeightRounding = WeightRounding.NEAREST
     rounding_damping: float = 1.0

@@ -34,8 +34,8 @@ from onnx import helper, numpy_helper
 
 from optimize.attention.quantized import AttentionMask, ValueBias, quantized_attention, value_projection
 from optimize.graph.onnxio import ATTENTION_OPSET, activation_shapes, constant, converted, matmul_weight, save_model
-from optimize.stages.s5_quantize.calibrate import Bounds, peaks
-from optimize.stages.s5_quantize.rounding import CompensatedRounding, quantize_weight
+from optimize.stages.s6_quantize.calibrate import Bounds, peaks
+from optimize.stages.s6_quantize.rounding import CompensatedRounding, quantize_weight
 
 MS = "com.microsoft"
 OPSET = 21  # QuantizeLinear with a block size: one scale per row in one operator

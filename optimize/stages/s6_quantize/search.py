@@ -8,8 +8,8 @@ from typing import Protocol
 
 from optimize.graph.onnxio import copy_model
 from optimize.measure.agreement import ParityResult
-from optimize.stages.s5_quantize.config import QuantizationConfig
-from optimize.stages.s5_quantize.per_tensor import quantizable_nodes, quantize
+from optimize.stages.s6_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.per_tensor import quantizable_nodes, quantize
 
 # Nodes are ranked by their harm on this many of the search texts: those full INT8 answers worst.
 RANKING_INPUTS = 8

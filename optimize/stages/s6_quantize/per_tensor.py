@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 
 from optimize.graph.onnxio import model_bytes, needs_external_data
-from optimize.stages.s5_quantize.config import QuantizationConfig
+from optimize.stages.s6_quantize.config import QuantizationConfig
 
 
 def quantizable_nodes(model_path: Path, config: QuantizationConfig) -> list[str]:
