@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 
 from infinity.engine.hostinfo import cpu_flags
-from infinity.manifest import Manifest, Outliers, Quantization
+from infinity.manifest import Activations, Manifest, Outliers, Quantization
 from optimize.graph.onnxio import copy_model
-from optimize.stages.s6_quantize.calibrate import Feeder, activation_ranges, calibrate
+from optimize.stages.s6_quantize.calibrate import Calibration, Feeder, activation_ranges, calibrate
 from optimize.stages.s6_quantize.carry import OutlierLimits, kept_roles, nodes_for_roles, outlier_limits
 from optimize.stages.s6_quantize.config import VNNI_WIDE_WEIGHTS, QuantizationConfig
 from optimize.stages.s6_quantize.outliers import split_outliers
@@ -54,7 +54,7 @@ def quantize_int8(src: Path, dst: Path, config: QuantizationConfig, task: Optimi
                   keep_float_like: Path | None = None) -> Int8Result:
     """Plain full INT8 if it passes; else the parity search on the graph with outliers split off and, unless that
     quantizes everything, on the plain graph too, keeping whichever leaves fewer weights in float."""
-    if config.activations == "per_token":
+    if config.activations == Activations.PER_TOKEN:
         return _per_token(src, dst, config, task, evaluate, feeder, work, log, threads, keep_float_like)
     if keep_float_like is not None:
         return _carry(src, dst, config, task, feeder, work, log, threads, keep_float_like)
@@ -127,6 +127,36 @@ def _carry(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask
     return Int8Result(record, kept_float, full_int8)
 
 
+class _PerTokenWriter:
+    """Per-token graphs of `src` from one calibration, written on demand (the search writes many); `last` is the
+    record of the one written last."""
+
+    def __init__(self, src: Path, config: QuantizationConfig, calibrated: Calibration,
+                 rounding: CompensatedRounding | None) -> None:
+        self.src, self.config, self.calibrated, self.rounding = src, config, calibrated, rounding
+        self.strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
+        self._last: PerTokenRecord | None = None
+
+    @property
+    def last(self) -> PerTokenRecord:
+        assert self._last is not None, "no graph written yet"
+        return self._last
+
+    def __call__(self, path: Path, keep: list[str], bits: int | None = None, roles: tuple[str, ...] = ()) -> None:
+        config = self.config
+        bits = config.weight_bits if bits is None else bits
+        # Strengths chosen per input for graphs with every node INT8. With nodes kept float, every input is smoothed
+        # at smoothing_alpha: with chosen strengths, the search kept 7 of the tiny DistilBERT classifier's 10 nodes
+        # float, passed its tuning texts and failed the held-out ones (top-1 0.9864; alpha 0.5: 9 kept, 0.9909).
+        if config.smoothing_alphas and not keep and (bits, roles) not in self.strengths:
+            self.strengths[bits, roles] = choose_strengths(self.src, self.calibrated, config.smoothing_alphas, bits,
+                                                           frozenset(roles))
+        self._last = quantize_per_token(self.src, path, self.calibrated.bounds, weight_bits=bits,
+                                        alpha=config.smoothing_alpha, exclude=keep, calibrated_roles=frozenset(roles),
+                                        alphas=None if keep else self.strengths.get((bits, roles)),
+                                        rounding=self.rounding)
+
+
 def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: OptimizerTask, evaluate: Evaluate,
                feeder: Feeder, work: Path, log: Log, threads: int, keep_float_like: Path | None) -> Int8Result:
     """Per-token INT8 with smoothing calibrated apart from the probes. With 8-bit weights (on a VNNI build host, or
@@ -137,24 +167,9 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: Optimizer
     nodes = per_token_candidates(src)
     calibrated = calibrate(src, nodes, (feeds for _, feeds in feeder.batches(calibration)), threads,
                            samples=bool(config.smoothing_alphas) or config.compensated)
-    bounds = calibrated.bounds
     rounding = (CompensatedRounding(calibrated.samples, config.rounding_damping)
                 if config.compensated else None)
-    strengths: dict[tuple[int, tuple[str, ...]], Strengths] = {}
-
-    last: list[PerTokenRecord] = []
-
-    def write(path: Path, keep: list[str], bits: int = config.weight_bits,
-              roles: tuple[str, ...] = ()) -> None:
-        # Strengths chosen per input for graphs with every node INT8. With nodes kept float, every input is smoothed
-        # at smoothing_alpha: with chosen strengths, the search kept 7 of the tiny DistilBERT classifier's 10 nodes
-        # float, passed its tuning texts and failed the held-out ones (top-1 0.9864; alpha 0.5: 9 kept, 0.9909).
-        if config.smoothing_alphas and not keep and (bits, roles) not in strengths:
-            strengths[bits, roles] = choose_strengths(src, calibrated, config.smoothing_alphas, bits, frozenset(roles))
-        last[:] = [quantize_per_token(src, path, bounds, weight_bits=bits, alpha=config.smoothing_alpha,
-                                      exclude=keep, calibrated_roles=frozenset(roles),
-                                      alphas=None if keep else strengths.get((bits, roles)),
-                                      rounding=rounding)]
+    write = _PerTokenWriter(src, config, calibrated, rounding)
 
     scratch = work / "per_token"
     scratch.mkdir(exist_ok=True)
@@ -164,7 +179,7 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: Optimizer
                      outliers=Outliers(reason="per-token recipe: outlier channels are smoothed into the weights"))
 
     def chosen(bits: int, roles: tuple[str, ...], **counts: Any) -> Quantization:
-        smoothing = last[0]
+        smoothing = write.last
         return replace(record, weight_bits=bits, reduce_range=bits == 7, calibrated_roles=list(roles),
                        weight_bits_why=VNNI_WIDE_WEIGHTS if bits > config.weight_bits else config.weight_bits_why,
                        smoothing=smoothing.to_dict(), smoothing_strengths=smoothing.strengths, **counts)
@@ -198,13 +213,13 @@ def _per_token(src: Path, dst: Path, config: QuantizationConfig, task: Optimizer
         if checked.passed:
             copy_model(candidate, dst)
             log(f"  per-token INT8 ({what}): {len(nodes)} of {len(nodes)} nodes, "
-                f"{last[0].smoothed_inputs} inputs smoothed")
+                f"{write.last.smoothed_inputs} inputs smoothed")
             return Int8Result(chosen(8, roles, candidates=len(nodes), trials=trials,
                                      full_int8_metrics=checked.metrics), [], None)
         log(f"  {what}: misses parity with every node INT8 ({'; '.join(checked.failures)})")
     result = keep_fewest_float(nodes, write, dst, evaluate, scratch, log)
     log(f"  per-token INT8: {result.candidates - len(result.kept_float)} of {result.candidates} nodes, "
-        f"{last[0].smoothed_inputs} inputs smoothed")
+        f"{write.last.smoothed_inputs} inputs smoothed")
     return Int8Result(chosen(config.weight_bits, (), candidates=result.candidates, kept_float=len(result.kept_float),
                              trials=trials + result.trials, full_int8_metrics=result.full_int8),
                       result.kept_float, result.full_int8_model if result.kept_float else None)
