@@ -73,11 +73,6 @@ def _chars(item: TextInput) -> int:
     return len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
 
 
-def _given(**values: Any) -> dict[str, Any]:
-    """The keyword arguments a call set: the others take the model's defaults, as a body that leaves them out."""
-    return {name: value for name, value in values.items() if value is not None}
-
-
 class Model:
     """An artifact loaded for answers in-process. Keyword settings are `infinity serve`'s (Settings: max_batch_size,
     max_batch_tokens, chunk_long_inputs, ...); threads default to the physical cores, as the server's do. Every call
@@ -143,12 +138,12 @@ class Model:
               precision: str | None = None, prompt_name: str | None = None, chunking: bool | None = None,
               truncate: bool | None = None, truncation_direction: str | None = None) -> np.ndarray:
         """Dense vectors, one row per text (a single text: its vector), as /predict answers them."""
-        return self._call(self._embed(texts, _given(
+        return self._call(self._embed(texts, dict(
             normalize=normalize, dimensions=dimensions, precision=precision, prompt_name=prompt_name,
             chunking=chunking, truncate=truncate, truncation_direction=truncation_direction)))
 
     async def aembed(self, texts: Texts, **params: Any) -> np.ndarray:
-        return await self._await(self._embed(texts, _given(**params)))
+        return await self._await(self._embed(texts, params))
 
     async def _embed(self, texts: Texts, values: dict[str, Any]) -> np.ndarray:
         self._serves(TaskName.FEATURE_EXTRACTION, TaskName.HYBRID_EMBEDDING, what="embed")
@@ -160,12 +155,12 @@ class Model:
                      prompt_name: str | None = None, chunking: bool | None = None, truncate: bool | None = None,
                      truncation_direction: str | None = None) -> Any:
         """Sparse vectors (SparseVector), one per text, as /predict (or a hybrid model's /embed_sparse) answers."""
-        return self._call(self._sparse(texts, _given(
+        return self._call(self._sparse(texts, dict(
             top_k=top_k, threshold=threshold, prompt_name=prompt_name, chunking=chunking, truncate=truncate,
             truncation_direction=truncation_direction)))
 
     async def aembed_sparse(self, texts: Texts, **params: Any) -> Any:
-        return await self._await(self._sparse(texts, _given(**params)))
+        return await self._await(self._sparse(texts, params))
 
     async def _sparse(self, texts: Texts, values: dict[str, Any]) -> Any:
         self._serves(TaskName.SPARSE_EMBEDDING, TaskName.HYBRID_EMBEDDING, what="embed_sparse")
@@ -178,11 +173,11 @@ class Model:
     def embed_tokens(self, texts: Texts, *, input_type: str | None = None, chunking: bool | None = None,
                      truncate: bool | None = None, truncation_direction: str | None = None) -> Any:
         """A multi-vector model's token vectors (one array per text) for the role `input_type` names."""
-        return self._call(self._tokens(texts, _given(input_type=input_type, chunking=chunking, truncate=truncate,
+        return self._call(self._tokens(texts, dict(input_type=input_type, chunking=chunking, truncate=truncate,
                                                      truncation_direction=truncation_direction)))
 
     async def aembed_tokens(self, texts: Texts, **params: Any) -> Any:
-        return await self._await(self._tokens(texts, _given(**params)))
+        return await self._await(self._tokens(texts, params))
 
     async def _tokens(self, texts: Texts, values: dict[str, Any]) -> Any:
         self._serves(TaskName.MULTI_VECTOR, what="embed_tokens")
@@ -190,10 +185,10 @@ class Model:
 
     def embed_hybrid(self, texts: Texts, *, outputs: Sequence[str] | None = None, **params: Any) -> Any:
         """bge-m3's heads (HybridVectors), one per text; `params` are embed's and embed_sparse's."""
-        return self._call(self._hybrid(texts, _given(outputs=list(outputs) if outputs else None, **params)))
+        return self._call(self._hybrid(texts, dict(outputs=list(outputs) if outputs else None, **params)))
 
     async def aembed_hybrid(self, texts: Texts, **params: Any) -> Any:
-        return await self._await(self._hybrid(texts, _given(**params)))
+        return await self._await(self._hybrid(texts, params))
 
     async def _hybrid(self, texts: Texts, values: dict[str, Any]) -> Any:
         self._serves(TaskName.HYBRID_EMBEDDING, what="embed_hybrid")
@@ -212,13 +207,13 @@ class Model:
                max_tokens_per_doc: int | None = None, chunking: bool | None = None, truncate: bool | None = None,
                truncation_direction: str | None = None) -> Ranked:
         """Each text's score against the query (Ranked: scores in the order sent, `order` best first)."""
-        return self._call(self._rerank(query, texts, _given(
+        return self._call(self._rerank(query, texts, dict(
             top_n=top_n, return_text=return_text, raw_scores=raw_scores, instruction=instruction,
             max_tokens_per_doc=max_tokens_per_doc, chunking=chunking, truncate=truncate,
             truncation_direction=truncation_direction)))
 
     async def arerank(self, query: str, texts: Sequence[str], **params: Any) -> Ranked:
-        return await self._await(self._rerank(query, texts, _given(**params)))
+        return await self._await(self._rerank(query, texts, params))
 
     async def _rerank(self, query: str, texts: Sequence[str], values: dict[str, Any]) -> Ranked:
         self._serves(TaskName.RANKING, what="rerank")
@@ -234,12 +229,12 @@ class Model:
                  function_to_apply: str | None = None, raw_scores: bool | None = None, truncate: bool | None = None,
                  truncation_direction: str | None = None) -> Classified:
         """Each text's (or (text, text_pair)'s) score for every label (Classified: .scores, .labels, .best())."""
-        return self._call(self._classify(texts, _given(
+        return self._call(self._classify(texts, dict(
             top_k=top_k, function_to_apply=function_to_apply, raw_scores=raw_scores, truncate=truncate,
             truncation_direction=truncation_direction)))
 
     async def aclassify(self, texts: Any, **params: Any) -> Classified:
-        return await self._await(self._classify(texts, _given(**params)))
+        return await self._await(self._classify(texts, params))
 
     async def _classify(self, texts: Any, values: dict[str, Any]) -> Classified:
         self._serves(TaskName.SEQUENCE_CLASSIFICATION, what="classify")
@@ -254,12 +249,12 @@ class Model:
             ignore_labels: Sequence[str] | None = None, truncate: bool | None = None,
             truncation_direction: str | None = None) -> Any:
         """A token classifier's entities of each text, as transformers' pipeline groups them."""
-        return self._call(self._tag(texts, _given(
+        return self._call(self._tag(texts, dict(
             aggregation_strategy=aggregation_strategy, truncate=truncate, truncation_direction=truncation_direction,
             ignore_labels=list(ignore_labels) if ignore_labels is not None else None)))
 
     async def atag(self, texts: Texts, **params: Any) -> Any:
-        return await self._await(self._tag(texts, _given(**params)))
+        return await self._await(self._tag(texts, params))
 
     async def _tag(self, texts: Texts, values: dict[str, Any]) -> Any:
         self._serves(TaskName.TOKEN_CLASSIFICATION, what="tag")
