@@ -34,7 +34,7 @@ SAMPLE = 48  # texts sent alone again, to compare with their answers inside the 
 
 
 @dataclass
-class Job:
+class BulkJob:
     texts: list[str]
     batch: int
     clients: int
@@ -54,7 +54,7 @@ class Run:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-async def send_all(port: int, path: str, job: Job) -> tuple[float, np.ndarray, dict[str, int]]:
+async def send_all(port: int, path: str, job: BulkJob) -> tuple[float, np.ndarray, dict[str, int]]:
     """The job's requests from its clients, each taking the next request as its answer arrives."""
     bodies = job.bodies()
     answers: dict[int, list[list[float]]] = {}
@@ -105,7 +105,7 @@ def alone_identical(port: int, texts: list[str], batched: np.ndarray, indices: l
     return bool(np.array_equal(asyncio.run(each()), batched[indices]))
 
 
-def ours(artifact: Path, job: Job, threads: int | None, sample: list[int]) -> Run:
+def ours(artifact: Path, job: BulkJob, threads: int | None, sample: list[int]) -> Run:
     server = Server.infinity(artifact, "--max-inputs-per-request", str(max(job.batch, 512)),
                              *(["--threads", str(threads)] if threads else []))
     port = server.port
@@ -121,7 +121,7 @@ def ours(artifact: Path, job: Job, threads: int | None, sample: list[int]) -> Ru
         server.stop()
 
 
-async def send_streamed(address: str, job: Job) -> tuple[float, np.ndarray, dict[str, int]]:
+async def send_streamed(address: str, job: BulkJob) -> tuple[float, np.ndarray, dict[str, int]]:
     """The job's texts as tei.v1 EmbedStream messages, one text each, over one stream a client: each stream keeps up
     to a batch's worth of texts in flight, taking the next text as an answer arrives."""
     import grpc
@@ -159,7 +159,7 @@ async def send_streamed(address: str, job: Job) -> tuple[float, np.ndarray, dict
     return seconds, np.asarray(rows, np.float32), errors
 
 
-def ours_streamed(artifact: Path, job: Job, threads: int | None) -> Run:
+def ours_streamed(artifact: Path, job: BulkJob, threads: int | None) -> Run:
     grpc_port = free_port()
     server = Server.infinity(artifact, "--grpc-port", str(grpc_port), *(["--threads", str(threads)] if threads else []))
     try:
@@ -170,7 +170,7 @@ def ours_streamed(artifact: Path, job: Job, threads: int | None) -> Run:
         server.stop()
 
 
-def peer(command: str, path: str, directory: Path | None, job: Job) -> Run:
+def peer(command: str, path: str, directory: Path | None, job: BulkJob) -> Run:
     port = free_port()
     server = Server(shlex.split(command.format(port=port)), port, cwd=directory)
     try:
@@ -222,7 +222,7 @@ def main() -> None:
                         "EmbedStream messages, one text each, one stream a client (--grpc-port)")
     args = parser.parse_args()
     texts = load_corpus(args.corpus) if args.corpus else build_corpus()
-    job = Job(texts, args.batch, args.clients)
+    job = BulkJob(texts, args.batch, args.clients)
     tokens = token_count(args.artifact, texts)
     expected = reference(args.model, texts) if args.model else None
     sample = random.Random(0).sample(range(len(texts)), min(SAMPLE, len(texts)))

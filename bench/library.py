@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bulk import Job, cosine_min, send_all, token_count
+from bench.bulk import BulkJob, cosine_min, send_all, token_count
 from bench.corpus import build as build_corpus
 from bench.corpus import load as load_corpus
 from bench.process import Server
@@ -117,7 +117,7 @@ def http(artifact: Path, texts: list[str], threads: int | None) -> tuple[float, 
     server = Server.infinity(artifact, *(["--threads", str(threads)] if threads else []))
     try:
         server.wait_ready()
-        seconds, vectors, errors = asyncio.run(send_all(server.port, "/v1/embeddings", Job(texts, 64, 2)))
+        seconds, vectors, errors = asyncio.run(send_all(server.port, "/v1/embeddings", BulkJob(texts, 64, 2)))
         if errors:
             raise RuntimeError(f"the server answered errors: {errors}")
         return seconds, server.memory()["VmHWM"], vectors

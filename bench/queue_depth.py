@@ -1,6 +1,6 @@
 """What queue depth means in latency: a server under closed-loop load at rising concurrency, its
 `infinity_queue_depth` gauge sampled every 50 ms, beside the clients' latency and throughput. The figures an
-autoscaler's queue-depth target is set from (deploy/kubernetes/keda-scaledobject.yaml).
+autoscaler's queue-depth target is set from (deploy/kubernetes/autoscaling/keda-queue-depth.yaml).
 
     python -m bench queue <artifact> [--concurrency 1 4 16 64] [--seconds 8] [--tokens 64]"""
 from __future__ import annotations
