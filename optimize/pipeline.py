@@ -63,14 +63,15 @@ class Builds:
     def __init__(self, log: Log = print) -> None:
         self.log = log
         self.work = Path(tempfile.mkdtemp(prefix="multiverse-"))
-        # (the options but target and out, precision, GPU or not) -> what prepare made for them
-        self.prepared: list[tuple[tuple[OptimizeOptions, Precision, bool], Prepared]] = []
+        # what prepare made last, for (the options but target and out, precision, GPU or not): a bundle's targets
+        # come in turn, and one slot bounds what a long-lived Builds holds
+        self.prepared: tuple[tuple[OptimizeOptions, Precision, bool], Path, Prepared] | None = None
 
     def __enter__(self) -> Builds:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.prepared.clear()
+        self.prepared = None
         shutil.rmtree(self.work, ignore_errors=True)
 
     def optimize(self, options: OptimizeOptions) -> Manifest:
@@ -90,12 +91,16 @@ class Builds:
             self.log(f"multiverse: {options.model} -> {task.name} for {preset.name} ({precision})")
             build = Build(Plan(options, preset, precision, task, self.log), Stages(self.log), staging, scratch)
             key = (dataclasses.replace(options, target="", out=Path()), precision, preset.is_gpu)
-            prepared = next((made for made_for, made in self.prepared if made_for == key), None)
-            if prepared is None:
-                prepared = build.prepare(Path(tempfile.mkdtemp(dir=self.work)))
-                self.prepared.append((key, prepared))
-            else:
+            if self.prepared is not None and self.prepared[0] == key:
+                prepared = self.prepared[2]
                 self.log(f"  {', '.join(prepared.seconds)}: shared with {prepared.target}'s build")
+            else:
+                if self.prepared is not None:
+                    shutil.rmtree(self.prepared[1], ignore_errors=True)
+                    self.prepared = None
+                into = Path(tempfile.mkdtemp(dir=self.work))
+                prepared = build.prepare(into)
+                self.prepared = (key, into, prepared)
             manifest = build.run(prepared)
             write_atomically(staging, out)
             return manifest

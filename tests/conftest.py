@@ -6,6 +6,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -56,11 +57,24 @@ def one_torch_thread() -> Iterator[None]:
 
 class ArtifactCache:
     """Builds source models and artifacts on first use, one process at a time (the xdist workers share the cache);
-    INFINITY_TEST_ARTIFACTS keeps them between runs."""
+    INFINITY_TEST_ARTIFACTS keeps them between runs. A worker's builds go through one optimizer `Builds`, so two
+    artifacts of one model that differ only in their CPU target share the stages before quantize, as a bundle's do."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self._builds: Any = None
+
+    def builds(self) -> Any:  # optimize.pipeline.Builds, imported on first use (it imports torch)
+        if self._builds is None:
+            from optimize.pipeline import Builds
+
+            self._builds = Builds(lambda _: None)
+        return self._builds
+
+    def close(self) -> None:
+        if self._builds is not None:
+            self._builds.__exit__()
 
     def source(self, name: str) -> Path:
         if name == "minilm":
@@ -95,7 +109,6 @@ class ArtifactCache:
         """(source, artifact) of a tiny `family` model (tests/models.py: FAMILIES or VARIANTS) for `task`; INT8
         artifacts are written whatever their parity, which the manifest records."""
         from optimize.options import OptimizeOptions
-        from optimize.pipeline import optimize
 
         source = self.root / "sources" / f"tiny-{family}-{task}"
         source.parent.mkdir(exist_ok=True)
@@ -106,22 +119,21 @@ class ArtifactCache:
         out = self.root / f"tiny-{family}-{task}-{target}-{precision}"
         with FileLock(f"{out}.lock"):
             if not (out / "manifest.json").is_file():
-                optimize(OptimizeOptions(model=str(source), task=task, out=out, target=target, precision=precision,
-                                         allow_failed_parity=precision == "int8"), log=lambda _: None)
+                self.builds().optimize(OptimizeOptions(model=str(source), task=task, out=out, target=target,
+                                                       precision=precision, allow_failed_parity=precision == "int8"))
         return source, out
 
     def artifact(self, task: str, precision: str = "fp32", target: str = HOST_TARGET, model: str | None = None) -> Path:
         from optimize.options import OptimizeOptions
-        from optimize.pipeline import optimize
 
         model = model or {"feature-extraction": "minilm", "sparse-embedding": "splade-tiny",
                           "multi-vector": "colbert-tiny", "hybrid-embedding": "m3-tiny"}.get(task, task)
         path = self.root / f"{model}-{task}-{target}-{precision}"
         with FileLock(f"{path}.lock"):
             if not (path / "manifest.json").is_file():
-                optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path, target=target,
-                                         precision=precision, reranker_template=RERANKERS.get(model)),
-                         log=lambda _: None)
+                self.builds().optimize(OptimizeOptions(model=str(self.source(model)), task=task, out=path,
+                                                       target=target, precision=precision,
+                                                       reranker_template=RERANKERS.get(model)))
         return path
 
     def bundle(self, targets: tuple[str, ...], task: str = "feature-extraction", precision: str = "int8") -> Path:
@@ -139,12 +151,13 @@ class ArtifactCache:
 
 
 @pytest.fixture(scope="session")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> ArtifactCache:
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArtifactCache]:
     keep = os.environ.get("INFINITY_TEST_ARTIFACTS")
-    if keep:
-        return ArtifactCache(Path(keep))
     run = tmp_path_factory.getbasetemp()  # under xdist, a worker's folder inside the run's
-    return ArtifactCache((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "artifacts")
+    cache = ArtifactCache(Path(keep) if keep else
+                          (run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "artifacts")
+    yield cache
+    cache.close()
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,8 @@ def test_every_cpu_target_is_one_of_the_recipes_built_here():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", RECIPES)  # a family's targets in turn: they share the stages before quantize
 @pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
-@pytest.mark.parametrize("target", RECIPES)
 def test_every_family_builds_int8_under_every_cpu_target(family, target, family_artifact, tmp_path):
     if target not in BUILT_HERE and family != "bert":
         pytest.skip(f"without VNNI, {target} writes avx2's graph (test_without_vnni_icelake_writes_the_avx2_graph)")
