@@ -135,16 +135,16 @@ class Build:
 
     def prepare(self, into: Path) -> Prepared:
         """The stages before the target's own: load, export, fuse, reference; their files in `into`."""
-        plan, stage, tokenizer = self.plan, self.stages.stage, into / "tokenizer"
+        plan, stage, tokenizer, exported = self.plan, self.stages.stage, into / "tokenizer", into / "exported.onnx"
         with stage("load"):
             source, extra = load(plan, tokenizer)
         with stage("export"):
-            input_names, _ = export_onnx(source, into / "exported.onnx", plan.options.external_data_bytes)
+            input_names, _ = export_onnx(source, exported, plan.options.external_data_bytes)
         with stage("fuse"):
-            graph, fusion = fuse_for(plan, into / "exported.onnx", into / "fused.onnx", source)
+            graph, fusion = fuse_for(plan, exported, into / "fused.onnx", source)
         with stage("reference"):
             made = references(plan, source)
-        return Prepared(source, tokenizer, extra, input_names, into / "exported.onnx", graph, fusion, made,
+        return Prepared(source, tokenizer, extra, input_names, exported, graph, fusion, made,
                         dict(self.stages.seconds), plan.preset.name)
 
     def run(self, prepared: Prepared) -> Manifest:

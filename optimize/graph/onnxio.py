@@ -80,8 +80,12 @@ def model_bytes(path: Path) -> int:
     return path.stat().st_size + sum((path.parent / name).stat().st_size for name in external_files(path))
 
 
-def describe_model(path: Path, precision: Precision) -> ModelFile:
-    """A graph file as the manifest records it: checksums (its weights file's too), opset, inputs and outputs."""
+def describe_model(path: Path, precision: Precision, checksums: bool = True) -> ModelFile:
+    """A graph file as the manifest records it: checksums (its weights file's too; empty without `checksums`),
+    opset, inputs and outputs."""
+    def digest(file: Path) -> str:
+        return sha256_file(file) if checksums else ""
+
     model = onnx.load(str(path), load_external_data=False)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -89,11 +93,11 @@ def describe_model(path: Path, precision: Precision) -> ModelFile:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
     return ModelFile(
-        file=path.name, sha256=sha256_file(path), precision=precision, opset=int(opset),
+        file=path.name, sha256=digest(path), precision=precision, opset=int(opset),
         inputs={v.name: shape(v) for v in model.graph.input},
         outputs={v.name: shape(v) for v in model.graph.output},
         size_bytes=model_bytes(path),
-        external_data={name: sha256_file(path.parent / name) for name in external_files(path)},
+        external_data={name: digest(path.parent / name) for name in external_files(path)},
     )
 
 

@@ -31,7 +31,9 @@ def draft(plan: Plan, source: SourceModel, tokenizer: Path, extra: list[str], in
                       required_cpu_flags=list(preset.required_cpu_flags)
                       if plan.precision in (Precision.INT8, Precision.BF16) else [],
                       provider_options=preset.options_for(plan.precision, input_names, source.max_length)),
-        model=describe_model(graph, plan.precision),
+        # candidates load by file name and package describes the final graph: the graph here is not hashed (2 s of
+        # mpnet's fused graph per target)
+        model=describe_model(graph, plan.precision, checksums=False),
         tokenizer=TokenizerFile(file="tokenizer.json", sha256=sha256_file(staging / "tokenizer.json"),
                                 max_length=source.max_length, pad_id=source.tokenizer.pad_token_id or 0,
                                 extra_files=extra),
