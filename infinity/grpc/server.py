@@ -10,6 +10,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,22 +101,28 @@ class Calls:
         self.service.metrics.answered(f"/{PACKAGE}.{rpc}", "OK")
         return answered.answer, metadata
 
-    async def unary(self, rpc: str, call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
+    async def settle(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """The call's answer, or the Refusal its error maps to. Only the handler's own task aborts a call: an abort
+        from the task of one of a stream's messages could leave the call open until its deadline."""
         try:
             return await call()
         except _NotServed as exc:
-            await self.abort(context, rpc, grpc.StatusCode.UNIMPLEMENTED, str(exc), ErrorType.NOT_FOUND)
+            return Refusal(grpc.StatusCode.UNIMPLEMENTED, str(exc), ErrorType.NOT_FOUND)
         except TooLong as exc:
-            await self.fail(context, rpc, exc.advising("truncate"))
+            return Refusal.of(exc.advising("truncate"))
         except InfinityError as exc:
-            await self.fail(context, rpc, exc)
+            return Refusal.of(exc)
         except asyncio.TimeoutError:
-            await self.fail(context, rpc, TimedOut("no answer before the call's deadline"))
+            return Refusal.of(TimedOut("no answer before the call's deadline"))
+
+    async def unary(self, rpc: str, call: Callable[[], Awaitable[Any]], context: grpc.aio.ServicerContext) -> Any:
+        return await self.answered(rpc, await self.settle(call), context)
 
     async def stream(self, rpc: str, requests: AsyncIterator[Any], one: Callable[[Any, Any], Awaitable[Any]],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        """Each message started as it arrives (STREAM_WINDOW at most in flight), answered in order."""
-        started: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(STREAM_WINDOW)
+        """Each message started as it arrives (STREAM_WINDOW at most in flight), answered in order; the first refusal,
+        a message's or the stream's own (one that is not protobuf), ends the call after the answers before it."""
+        started: asyncio.Queue[asyncio.Future[Any] | Refusal | None] = asyncio.Queue(STREAM_WINDOW)
 
         def call(message: Any) -> Callable[[], Awaitable[Any]]:
             return lambda: one(message, context)
@@ -123,31 +130,47 @@ class Calls:
         async def read() -> None:
             try:
                 async for message in requests:
-                    await started.put(asyncio.ensure_future(self.unary(rpc, call(message), context)))
+                    await started.put(asyncio.ensure_future(self.settle(call(message))))
+            except InfinityError as exc:
+                await started.put(Refusal.of(exc))
             finally:
                 await started.put(None)
 
         reader = asyncio.ensure_future(read())
         pending: list[asyncio.Future[Any]] = []
         try:
-            while (task := await started.get()) is not None:
-                pending.append(task)
-                yield await task
-                pending.remove(task)
+            while (item := await started.get()) is not None:
+                outcome = item
+                if isinstance(item, asyncio.Future):
+                    pending.append(item)
+                    outcome = await item
+                    pending.remove(item)
+                yield await self.answered(rpc, outcome, context)
         finally:
             reader.cancel()
-            for task in pending + [t for t in _drain(started) if t is not None]:
+            for task in pending + [t for t in _drain(started) if isinstance(t, asyncio.Future)]:
                 task.cancel()
 
-    async def fail(self, context: grpc.aio.ServicerContext, rpc: str, exc: InfinityError) -> None:
-        code = CODES.get(exc.status_code, grpc.StatusCode.INTERNAL)
-        await self.abort(context, rpc, code, exc.message, exc.error_type)
+    async def answered(self, rpc: str, outcome: Any, context: grpc.aio.ServicerContext) -> Any:
+        """The outcome itself, unless it is a Refusal: then the call ends with its code (counted in the metrics)."""
+        if isinstance(outcome, Refusal):
+            self.service.metrics.failed(f"/{PACKAGE}.{rpc}", outcome.kind, outcome.code.name)
+            trailing = ((("retry-after", str(self.service.settings.retry_after)),)
+                        if outcome.kind is ErrorType.OVERLOADED else ())
+            await context.abort(outcome.code, outcome.message, trailing_metadata=trailing)
+        return outcome
 
-    async def abort(self, context: grpc.aio.ServicerContext, rpc: str, code: grpc.StatusCode, message: str,
-                    kind: ErrorType) -> None:
-        self.service.metrics.failed(f"/{PACKAGE}.{rpc}", kind, code.name)
-        trailing = (("retry-after", str(self.service.settings.retry_after)),) if kind is ErrorType.OVERLOADED else ()
-        await context.abort(code, message, trailing_metadata=trailing)
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a call ends when it is not answered: its status code, message and the error's kind for the metrics."""
+    code: grpc.StatusCode
+    message: str
+    kind: ErrorType
+
+    @classmethod
+    def of(cls, exc: InfinityError) -> Refusal:
+        return cls(CODES.get(exc.status_code, grpc.StatusCode.INTERNAL), exc.message, exc.error_type)
 
 
 class _NotServed(Exception):
@@ -262,9 +285,8 @@ class Rerank(services.RerankServicer):  # type: ignore[misc,name-defined]
 
     async def RerankStream(self, requests: Any, context: Any) -> Any:
         """One text per message, against the first message's query and options; one answer at the end."""
-        messages = [message async for message in requests]
-
         async def call() -> Any:
+            messages = [message async for message in requests]
             if not messages:
                 raise ValidationError("RerankStream needs at least one message")
             first = messages[0]
@@ -322,7 +344,7 @@ class Malformed:
     """A message that is not protobuf: its call ends INVALID_ARGUMENT (a deserializer's exception would be UNKNOWN)."""
 
     def __init__(self, error: str) -> None:
-        self.error = error
+        self.refusal = f"the message is not valid protobuf: {error}"
 
 
 def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
@@ -334,14 +356,11 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return read
 
 
-async def _refuse_malformed(message: Any, context: grpc.aio.ServicerContext) -> None:
-    if isinstance(message, Malformed):
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the message is not valid protobuf: {message.error}")
-
-
-async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A stream's messages; one that is not protobuf raises where the stream is read, and Calls ends the call."""
     async for message in requests:
-        await _refuse_malformed(message, context)
+        if isinstance(message, Malformed):
+            raise ValidationError(message.refusal)
         yield message
 
 
@@ -370,14 +389,15 @@ class Guard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
 
         async def one(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await _refuse_malformed(request, context)
+            if isinstance(request, Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.refusal)
             return await behavior(request, context)
 
         async def gathered(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await behavior(_checked(requests, context), context)
+            return await behavior(_checked(requests), context)
 
         async def streamed(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async for answer in behavior(_checked(requests, context), context):
+            async for answer in behavior(_checked(requests), context):
                 yield answer
 
         # every streamed answer of tei.v1 comes from a stream of messages (no unary_stream RPC)
