@@ -1,16 +1,18 @@
 """The bulk corpus embedded in Python, as a Python user would pick an engine: infinity.Model beside
 sentence-transformers' encode (PyTorch FP32, the baseline), FastEmbed (its ONNX engine, the same model from a local
 directory, `parallel` off and on) and this server over HTTP (the bulk job: batches of 64 from 2 clients), plus
-`infinity embed` on the same corpus as a JSONL file, in one run.
+`infinity embed` on the same corpus as a JSONL file, in one run. infinity.Model and the server run with one engine
+(their default) and with `--engines` (default: one per physical core, each on one thread).
 
     python -m bench library ARTIFACT --model MODEL_DIR [--fastembed-dir ONNX_DIR] [--rounds 3] [--corpus FILE]
+                            [--engines N]
 
 Each engine runs in a process of its own (its peak RSS is that process's), in a shuffled order each round, and is
 timed from its first text to its last vector, after it has loaded and embedded a few texts. FastEmbed runs in
 bench/work/fastembed-venv (`python3 -m venv bench/work/fastembed-venv && bench/work/fastembed-venv/bin/pip install
 fastembed==0.9.1`) on an ONNX export of the model (`python -m bench peer model MODEL_DIR DIR` writes one, model.onnx).
 Reported per engine: the median seconds, real tokens per second (the artifact's tokenizer), peak RSS, cosine_min to
-sentence-transformers FP32, and ours / theirs per round."""
+sentence-transformers FP32, and the fastest infinity.Model's time over each engine's, per round."""
 from __future__ import annotations
 
 import argparse
@@ -37,10 +39,10 @@ FASTEMBED = WORK / "fastembed-venv" / "bin" / "python"
 WARM = 8  # texts embedded before the clock starts
 
 
-def run_api(artifact: str, texts: list[str], threads: int | None) -> np.ndarray:
+def run_api(artifact: str, texts: list[str], threads: int | None, engines: int) -> np.ndarray:
     from infinity import Model
 
-    with Model(artifact, threads=threads) as model:
+    with Model(artifact, threads=threads, engines=engines) as model:
         model.embed(texts[:WARM])
         started = time.perf_counter()
         vectors = model.embed(texts)
@@ -98,7 +100,7 @@ def child(args: argparse.Namespace) -> int:
     """One engine in this process: its vectors to --out, its seconds and peak RSS on stdout."""
     texts = load_corpus(args.corpus)
     if args.run == "api":
-        vectors = run_api(str(args.artifact), texts, args.threads)
+        vectors = run_api(str(args.artifact), texts, args.threads, args.engines)
     else:
         vectors = run_sentence_transformers(str(args.model), texts)
     np.save(args.out, vectors)
@@ -113,8 +115,8 @@ def measure(command: list[str], out: Path) -> tuple[float, float, np.ndarray]:
     return figures["seconds"], figures["rss_mib"], np.load(out)
 
 
-def http(artifact: Path, texts: list[str], threads: int | None) -> tuple[float, float, np.ndarray]:
-    server = Server.infinity(artifact, *(["--threads", str(threads)] if threads else []))
+def http(artifact: Path, texts: list[str], threads: int | None, engines: int) -> tuple[float, float, np.ndarray]:
+    server = Server.infinity(artifact, *(["--threads", str(threads)] if threads else []), "--engines", str(engines))
     try:
         server.wait_ready()
         seconds, vectors, errors = asyncio.run(send_all(server.port, "/v1/embeddings", BulkJob(texts, 64, 2)))
@@ -151,13 +153,18 @@ def main() -> int:
     parser.add_argument("--corpus", type=Path, default=None, help="python -m bench corpus's file (default: built)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--engines", type=int, default=None, help="the second infinity.Model and server's engines "
+                                                                  "(default: the threads, one each)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these rows (the table's names), for more "
+                                                                  "rounds of a pair")
     parser.add_argument("--run", choices=("api", "st"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return child(args)
-    from infinity.engine.hostinfo import cpu_name
+    from infinity.engine.hostinfo import cpu_name, physical_cores
 
+    many = args.engines or args.threads or physical_cores()
     scratch = Path(tempfile.mkdtemp(prefix="bench-library-"))
     texts = load_corpus(args.corpus) if args.corpus else build_corpus()
     corpus = scratch / "corpus.json"
@@ -167,10 +174,14 @@ def main() -> int:
     me = [sys.executable, "-m", "bench", "library", str(args.artifact), "--model", str(args.model), "--corpus",
           str(corpus), *(["--threads", str(args.threads)] if args.threads else [])]
     engines = {
-        "api": lambda: measure([*me, "--run", "api", "--out", str(scratch / "api.npy")], scratch / "api.npy"),
+        "infinity.Model": lambda: measure([*me, "--run", "api", "--engines", "1", "--out", str(scratch / "api.npy")],
+                                          scratch / "api.npy"),
+        f"infinity.Model, engines={many}": lambda: measure(
+            [*me, "--run", "api", "--engines", str(many), "--out", str(scratch / "api.npy")], scratch / "api.npy"),
         "sentence-transformers": lambda: measure([*me, "--run", "st", "--out", str(scratch / "st.npy")],
                                                  scratch / "st.npy"),
-        "http": lambda: http(args.artifact, texts, args.threads),
+        "this server over HTTP": lambda: http(args.artifact, texts, args.threads, 1),
+        f"this server over HTTP, --engines {many}": lambda: http(args.artifact, texts, args.threads, many),
         "infinity embed": lambda: corpus_command(args.artifact, texts, scratch, args.threads),
     }
     if args.fastembed_dir:
@@ -178,6 +189,11 @@ def main() -> int:
             out = scratch / f"fastembed-{parallel}.npy"
             command = [str(FASTEMBED), "-c", FASTEMBED_RUN, str(args.fastembed_dir), str(corpus), str(out), parallel]
             engines[f"fastembed parallel={parallel}"] = lambda command=command, out=out: measure(command, out)
+    if args.only:
+        unknown = set(args.only) - set(engines)
+        if unknown:
+            parser.error(f"--only: no rows named {sorted(unknown)}; the rows: {list(engines)}")
+        engines = {name: run for name, run in engines.items() if name in args.only}
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     rss: dict[str, float] = {}
     vectors: dict[str, np.ndarray] = {}
@@ -191,12 +207,14 @@ def main() -> int:
             vectors[name] = answer
             print(f"round {round_ + 1} {name}: {took:.2f} s, {tokens / took:,.0f} tokens/s, peak RSS {peak:,.0f} MiB",
                   flush=True)
-    reference = vectors["sentence-transformers"]
-    print("\n| engine | median s | tokens/s | peak RSS MiB | cosine_min to PyTorch FP32 | api / it per round |")
+    reference = vectors.get("sentence-transformers")
+    fastest = min((name for name in engines if name.startswith("infinity.Model")),
+                  key=lambda name: statistics.median(seconds[name]), default=next(iter(engines)))
+    print(f"\n| engine | median s | tokens/s | peak RSS MiB | cosine_min to PyTorch FP32 | {fastest} / it per round |")
     print("|---|---|---|---|---|---|")
     for name in engines:
         median = statistics.median(seconds[name])
-        ratios = ", ".join(f"{theirs / ours:.2f}" for ours, theirs in zip(seconds["api"], seconds[name]))
+        ratios = ", ".join(f"{theirs / ours:.2f}" for ours, theirs in zip(seconds[fastest], seconds[name]))
         print(f"| {name} | {median:.2f} | {tokens / median:,.0f} | {rss[name]:,.0f} | "
-              f"{cosine_min(vectors[name], reference):.4f} | {ratios} |")
+              f"{'-' if reference is None else f'{cosine_min(vectors[name], reference):.4f}'} | {ratios} |")
     return 0

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 import orjson
 
+from infinity.engine.hostinfo import physical_cores
 from infinity.schema import blank
 from infinity.tasks.feature_extraction import PRECISIONS
 
@@ -84,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", type=int, default=4096, help="rows per part file, the unit a run resumes by "
                                                                "(default: 4096)")
     parser.add_argument("--threads", type=int, help="ONNX Runtime threads (default: the physical cores)")
+    parser.add_argument("--engines", type=int, help="batches run at once, each on threads / engines of the threads "
+                                                   "(default: one per thread, the most throughput)")
     parser.add_argument("--skip-bad", action="store_true", help="skip a malformed row (reported at the end) instead "
                                                                 "of stopping at it")
     parser.add_argument("--restart", action="store_true", help="drop what an earlier run of this output left and "
@@ -108,6 +111,9 @@ def embed_corpus(args: argparse.Namespace) -> int:
 
     if args.block < 1:
         raise Stop(2, "--block must be at least 1")
+    if args.threads is not None and args.threads < 1 or args.engines is not None and not (
+            1 <= args.engines <= (args.threads or physical_cores())):
+        raise Stop(2, "--threads must be at least 1, and --engines between 1 and the threads")
     source = Path(args.input)
     if not source.is_file():
         raise Stop(NO_INPUT, f"{source}: no such file")
@@ -125,7 +131,8 @@ def embed_corpus(args: argparse.Namespace) -> int:
                                               ("prompt_name", args.prompt_name), ("normalize", args.normalize))
               if value is not None}
     try:
-        model = Model(args.artifact, threads=args.threads)
+        threads = args.threads or physical_cores()
+        model = Model(args.artifact, threads=threads, engines=args.engines or threads)
     except ValueError as exc:
         raise Stop(REFUSED, str(exc)) from None
     with model:

@@ -75,8 +75,9 @@ def _chars(item: TextInput) -> int:
 
 class Model:
     """An artifact loaded for answers in-process. Keyword settings are `infinity serve`'s (Settings: max_batch_size,
-    max_batch_tokens, chunk_long_inputs, ...); threads default to the physical cores, as the server's do. Every call
-    has a sync form and an async one (`a` + its name), which awaits on any event loop."""
+    max_batch_tokens, chunk_long_inputs, ...); threads default to the physical cores, as the server's do, and
+    `engines=N` runs N batches at once on threads / N each: more throughput for a long list, more time for one text.
+    Every call has a sync form and an async one (`a` + its name), which awaits on any event loop."""
 
     def __init__(self, artifact: str | Path, threads: int | None = None, **settings: Any) -> None:
         try:
@@ -129,7 +130,8 @@ class Model:
         del service
 
     def __repr__(self) -> str:
-        state = "closed" if self._service is None else f"{self.settings.threads} threads"
+        engines = f", {self.settings.engines} engines" if self.settings.engines > 1 else ""
+        state = "closed" if self._service is None else f"{self.settings.threads} threads{engines}"
         return f"Model({str(self.directory)!r}, {self.task.value}, target {self.manifest.target.name}, {state})"
 
     # --- embeddings ----------------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ class Settings:
                                          "grpc.health.v1 and reflection) on this port, over the same batcher and "
                                          "limits (the grpc extra)")
     threads: int | None = option(None, "ONNX Runtime intra-op threads (default: physical cores)")
+    engines: int = option(1, "batches run at once, side by side on one session, each on threads / engines of the "
+                             "intra-op threads: more raises a bulk job's throughput (many batches queued) and "
+                             "slows a request that runs alone")
     spin_wait: bool = option(True, "let ONNX Runtime's workers busy-wait briefly for more work before they sleep "
                                    "(lower latency on dedicated cores; turn off where the cores are shared, e.g. a "
                                    "sidecar)")
@@ -116,6 +119,11 @@ class Settings:
             raise ValueError("lone_request_tokens must not be negative")
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be at least 1")
+        if self.engines < 1:
+            raise ValueError("engines must be at least 1")
+        if self.threads is not None and self.engines > self.threads:
+            raise ValueError(f"engines ({self.engines}) must be at most threads ({self.threads}): each runs on "
+                             "threads / engines of them")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must not be negative")
         for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):

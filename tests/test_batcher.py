@@ -346,3 +346,50 @@ def test_close_after_its_timeout_fails_what_never_ran() -> None:
             await stuck
 
     run(main)
+
+
+def test_engines_run_batches_side_by_side_and_each_entry_gets_its_own_rows() -> None:
+    """Two engine threads: the step only returns once two batches are inside it at the same time (one engine
+    alone would break the barrier), and a request cut into many parts wakes both."""
+    inside = threading.Barrier(2, timeout=WAIT)
+    seen: list[list[int]] = []
+
+    def step(items: list[Encoded], tokens: bool = False) -> np.ndarray:
+        seen.append([i.ids[0] for i in items])
+        if len(seen) <= 2:
+            inside.wait()
+        return np.array([[i.ids[0], len(i)] for i in items])
+
+    async def main() -> None:
+        batcher = Batcher(step, max_batch_tokens=1000, max_batch_size=2, max_queue=16, engines=2)
+        batcher.start()
+        parts = [[item(3, 2 * n), item(3, 2 * n + 1)] for n in range(6)]
+        outcomes = await batcher.submit_parts(parts)
+        assert [o.rows.tolist() for o in outcomes] == [[[2 * n, 3], [2 * n + 1, 3]] for n in range(6)]
+        assert sorted(sum(seen, [])) == list(range(12)) and len(seen) == 6
+        assert batcher.idle
+        await batcher.close(1.0)
+        assert not batcher.alive
+
+    run(main)
+
+
+def test_one_dying_engine_thread_stops_the_others_and_fails_everyone() -> None:
+    class Fatal(BaseException):
+        pass
+
+    step = FakeStep()
+
+    async def main() -> None:
+        batcher, _ = make(step, engines=2)
+        engines = [t for t in threading.enumerate() if t.name.startswith("infinity-engine-") and t.is_alive()]
+        assert len(engines) == 2
+        step.error = Fatal()
+        result = await asyncio.gather(batcher.submit([item(2, 1)]), return_exceptions=True)
+        assert isinstance(result[0], BackendError)
+        await until(lambda: not any(t.is_alive() for t in engines))
+        assert not batcher.alive
+        with pytest.raises(BackendError):
+            await batcher.submit([item(1)])
+
+    run(main)

@@ -122,6 +122,8 @@ def test_what_cannot_run_says_so_with_its_exit_code(minilm_fp32_artifact: Path, 
     assert missing.returncode == 66 and "no such file" in missing.stderr
     wrong = embed(minilm_fp32_artifact, "--input", source, "--output", tmp_path / "vectors.csv")
     assert wrong.returncode == 2 and ".parquet or .jsonl" in wrong.stderr
+    engines = embed(minilm_fp32_artifact, "--input", source, "--output", out, "--threads", 1, "--engines", 2)
+    assert engines.returncode == 2 and "--engines between 1 and the threads" in engines.stderr
     refused = embed(tmp_path, "--input", source, "--output", out)
     assert refused.returncode == 78, refused.stderr
     # an earlier run's parts of another input are not taken for this one's

@@ -142,6 +142,11 @@ def test_a_long_list_is_cut_sorted_and_answered_in_order(minilm_int8_artifact: P
         for i in (0, 1, 63, 64, 700, 1499):
             assert np.array_equal(vectors[i], model.embed(texts[i])), i
         assert model.usage.inputs == 1500 + 6 and model.usage.tokens > 1500
+    # two engines side by side, one thread each: the same vectors, bit for bit (an INT8 graph's rows do not change
+    # with their batch, and each batch runs whole on one engine)
+    with Model(minilm_int8_artifact, threads=2, engines=2, max_inputs_per_request=64) as model:
+        assert repr(model).endswith("2 threads, 2 engines)")
+        assert np.array_equal(model.embed(texts), vectors)
 
 
 def test_async_calls_answer_as_the_sync_ones_do(minilm_fp32_artifact: Path) -> None:
@@ -166,6 +171,8 @@ def test_mistakes_are_refused_in_one_line_and_a_closed_model_answers_nothing(min
         model.embed(TEXTS, prompt_name="nope")
     with pytest.raises(ValueError, match="max_bach_size"):
         Model(minilm_fp32_artifact, max_bach_size=8)
+    with pytest.raises(ValueError, match=r"engines \(3\) must be at most threads \(2\)"):
+        Model(minilm_fp32_artifact, threads=2, engines=3)
     model.embed(TEXTS)
     own = set(threading.enumerate()) - before  # its event loop, engine thread and tokenizer workers
     assert {t.name for t in own} >= {"infinity-model", "infinity-engine"}

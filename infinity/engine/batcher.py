@@ -1,10 +1,11 @@
-"""One queue, one engine thread: batches by padded tokens and rows, never waits for company.
+"""One queue, one engine thread (or `engines` of them): batches by padded tokens and rows, never waits for company.
 
 A batch starts with the oldest entry and is filled with the queued entries nearest its length, as long as little
 of it is padding, so rows of like lengths run together; since every batch takes the oldest, no entry waits for more
 batches than there are entries ahead of it. Every entry taken into a batch gets its rows or the batch's error; if
-the thread stops, every entry still queued is failed, so no caller can wait forever. While the engine is idle, a
-caller may run one request on its own thread instead (`run_here`).
+a thread stops, every entry still queued or running is failed, so no caller can wait forever. With several engine
+threads, each takes the next batch as it is free: batches run side by side on one session (onnxruntime's run is
+thread-safe). While the engine is idle, a caller may run one request on its own thread instead (`run_here`).
 """
 from __future__ import annotations
 
@@ -131,20 +132,21 @@ def parts(items: list[Encoded], max_rows: int) -> list[list[int]]:
 
 class Batcher:
     def __init__(self, step: Step, max_batch_tokens: int, max_batch_size: int, max_queue: int,
-                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
+                 on_batch: Callable[[BatchReport], None] | None = None, engines: int = 1) -> None:
         self.step = step
+        self.engines = engines
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.on_batch = on_batch
         self._queue: collections.deque[_Entry] = collections.deque()
-        self._running: list[_Entry] = []
+        self._running: list[_Entry] = []  # the entries of every batch running now
         self._here = False  # a request runs on its caller's thread (run_here)
         self._cond = threading.Condition()
         self._accepting = True
         self._stop = False
         self._stopped = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def depth(self) -> int:
@@ -157,11 +159,13 @@ class Batcher:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return bool(self._threads) and all(thread.is_alive() for thread in self._threads)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="infinity-engine", daemon=True)
-        self._thread.start()
+        names = ["infinity-engine"] if self.engines == 1 else [f"infinity-engine-{n}" for n in range(self.engines)]
+        self._threads = [threading.Thread(target=self._run, name=name, daemon=True) for name in names]
+        for thread in self._threads:
+            thread.start()
 
     async def submit(self, items: list[Encoded], admit_always: bool = False, tokens: bool = False) -> Outcome:
         """Queue one request's rows and wait for them; cancelling the caller drops the entry if still queued."""
@@ -182,12 +186,12 @@ class Batcher:
                 raise BackendError("the engine thread stopped")
             if not self._accepting or self._stopped:
                 raise NotReady("the server is shutting down")
-            if self._thread is None:
+            if not self._threads:
                 raise NotReady("the engine has not started")
             if not admit_always and len(self._queue) >= self.max_queue:
                 raise Overloaded(f"{len(self._queue)} requests are already waiting; retry later")
             self._queue.extend(entries)
-            self._cond.notify()
+            self._cond.notify(len(entries))
         try:
             results = await asyncio.gather(*(entry.future for entry in entries), return_exceptions=True)
         except asyncio.CancelledError:
@@ -211,8 +215,8 @@ class Batcher:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 5.0)
+        for thread in self._threads:
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 5.0)
 
     def _run(self) -> None:
         try:
@@ -225,22 +229,23 @@ class Batcher:
             log.exception("the engine thread stopped")
         finally:
             with self._cond:
-                self._stopped = True
+                self._stopped = True  # the other engine threads end too: the engine is not whole
                 waiting = list(self._queue) + self._running
                 self._queue.clear()
                 self._running = []
+                self._cond.notify_all()
             error: InfinityError = NotReady("the server shut down before this request ran") if self._stop \
                 else BackendError("the engine thread stopped")
             _deliver([(entry, None, error) for entry in waiting])
 
     def _next_batch(self) -> list[_Entry] | None:
         with self._cond:
-            while not self._queue and not self._stop:
+            while not self._queue and not self._stop and not self._stopped:
                 self._cond.wait()
-            if self._stop:
+            if self._stop or self._stopped:
                 return None
             batch = self._fill()
-            self._running = batch
+            self._running.extend(batch)
             return batch
 
     def _fill(self) -> list[_Entry]:
@@ -300,11 +305,11 @@ class Batcher:
         try:
             rows, started, seconds, padded = self._step(items, batch[0].tokens)
         except InfinityError as error:
-            self._running = []
+            self._finished(batch)
             _deliver([(entry, None, error) for entry in batch])
             return
         except BaseException as exc:
-            self._running = []
+            self._finished(batch)
             _deliver([(entry, None, BackendError(str(exc) or repr(exc))) for entry in batch])
             raise
         deliveries: list[Delivery] = []
@@ -314,8 +319,13 @@ class Batcher:
             outcome = Outcome(rows[offset:offset + count], started - entry.enqueued, seconds, len(items), padded)
             deliveries.append((entry, outcome, None))
             offset += count
-        self._running = []  # idle before anyone hears of it: a caller woken by the delivery may run_here at once
+        self._finished(batch)  # idle before anyone hears of it: a caller woken by the delivery may run_here at once
         _deliver(deliveries)
+
+    def _finished(self, batch: list[_Entry]) -> None:
+        done = set(map(id, batch))
+        with self._cond:
+            self._running = [entry for entry in self._running if id(entry) not in done]
 
     def _report(self, report: BatchReport) -> None:
         if self.on_batch is None:

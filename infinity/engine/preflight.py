@@ -78,9 +78,11 @@ def check(directory: Path, settings: Settings, selection: Selection | None = Non
 
 def open_checked(directory: Path, settings: Settings, threads: int, startup: Startup | None = None) -> LoadedModel:
     """Load an artifact that passed check(), its checksums verified, and make sure it runs what the manifest
-    promises."""
+    promises; `threads` are every engine's together."""
     try:
-        model = LoadedModel.load(directory, threads=threads, verify=True, spin_wait=settings.spin_wait,
+        # engines side by side share the cores: no worker of one spins on a core another needs
+        model = LoadedModel.load(directory, threads=max(1, threads // settings.engines), verify=True,
+                                 spin_wait=settings.spin_wait and settings.engines == 1,
                                  spin_wait_us=settings.spin_wait_us)
     except ManifestError as exc:
         raise StartupError(str(exc)) from None

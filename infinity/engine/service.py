@@ -82,7 +82,7 @@ class Service:
         self.model = model
         self.settings = settings
         self.batcher = Batcher(model.forward, settings.max_batch_tokens, settings.max_batch_size,
-                               settings.max_queue, on_batch=self._on_batch)
+                               settings.max_queue, on_batch=self._on_batch, engines=settings.engines)
         self.metrics = Metrics(lambda: self.batcher.depth)
         self.metrics.serving(model.manifest.target.name, model.bundle.bundle.names if model.bundle else ())
         self.workers = ThreadPoolExecutor(settings.tokenizer_workers, thread_name_prefix="infinity-worker")
