@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from infinity.engine.hostinfo import physical_cores
 from infinity.library import Model
 
 
@@ -25,11 +26,12 @@ def assigned_cpus() -> int | None:
 class Embedder:
     """A callable class for `map_batches`: each batch's `text_column` embedded into `output_column` (one row
     per text, as infinity.Model.embed answers it; `params` are embed's). Threads: the actor's num_cpus unless
-    given."""
+    given; engines: one per thread unless given (a corpus job, as `infinity embed`)."""
 
     def __init__(self, artifact: str | Path, text_column: str = "text", output_column: str = "embedding",
-                 threads: int | None = None, **params: Any) -> None:
-        self.model = Model(artifact, threads=threads or assigned_cpus())
+                 threads: int | None = None, engines: int | None = None, **params: Any) -> None:
+        threads = threads or assigned_cpus() or physical_cores()
+        self.model = Model(artifact, threads=threads, engines=engines or threads)
         self.text_column, self.output_column, self.params = text_column, output_column, params
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
