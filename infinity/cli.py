@@ -196,7 +196,10 @@ def serve(directory: Path, settings: Settings, startup: Startup) -> int:
                                "pip install 'infinity-multiverse[grpc]'") from None
     startup.mark("imports")
     threads = settings.threads or physical_cores()
-    settings = dataclasses.replace(settings, threads=threads)
+    try:
+        settings = dataclasses.replace(settings, threads=threads)
+    except ValueError as exc:  # engines beyond the physical cores
+        raise StartupError(str(exc)) from None
     directory, selection = choose(directory, settings)  # a bundle: the target this CPU fits best
     check(directory, settings, selection)
     startup.mark("checks")

@@ -82,9 +82,9 @@ class Model:
     def __init__(self, artifact: str | Path, threads: int | None = None, **settings: Any) -> None:
         try:
             base = Settings(**settings)
+            self.settings = dataclasses.replace(base, threads=threads or base.threads or physical_cores())
         except (TypeError, ValueError) as exc:
             raise ValueError(f"infinity.Model: {exc}") from None
-        self.settings = dataclasses.replace(base, threads=threads or base.threads or physical_cores())
         try:
             directory, selection = choose(Path(artifact), self.settings)
             check(directory, self.settings, selection)

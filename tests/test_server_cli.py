@@ -53,6 +53,8 @@ def test_a_setting_that_defaults_on_can_be_turned_off_by_flag_or_environment() -
     (["--spin-wait-us", "0"], {}, "spin_wait_us must be at least 1"),
     ([], {"INFINITY_SPIN_WAIT_US": "2000000"}, "spin_wait_us must be at most 1000000"),
     (["--lone-request-tokens", "-1"], {}, "lone_request_tokens must not be negative"),
+    (["--engines", "0"], {}, "engines must be at least 1"),
+    (["--threads", "2"], {"INFINITY_ENGINES": "3"}, r"engines \(3\) must be at most threads \(2\)"),
 ])
 def test_bad_settings_are_refused(argv: list[str], environ: dict[str, str], message: str) -> None:
     with pytest.raises(StartupError, match=message):
@@ -79,6 +81,13 @@ def test_spinning_settings_reach_the_onnx_runtime_session(artifact_for: Any, arg
             return ""
 
     assert {key: entry(key) for key in entries} == entries
+
+
+def test_engines_split_the_threads_and_do_not_spin(artifact_for: Any) -> None:
+    model = open_checked(artifact_for("ranking"), settings(["--engines", "2"]), threads=2)
+    options = model.engine.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 @pytest.fixture()
@@ -110,6 +119,11 @@ def refusal(artifact: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> 
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("infinity: error: ")
     return lines[0]
+
+
+def test_more_engines_than_the_default_threads_are_refused_in_one_line(editable: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert "engines (999) must be at most threads" in refusal(editable, capsys, "--engines", "999")
 
 
 def test_a_failed_parity_check_is_refused_unless_allowed(editable: Path, capsys: pytest.CaptureFixture[str]) -> None:
